@@ -1,0 +1,1 @@
+"""Benchmark harness: synthetic checkpoints, workloads, offline and online runs."""

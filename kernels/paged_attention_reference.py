@@ -1,0 +1,71 @@
+"""Paged attention in plain PyTorch: gather a sequence's blocks, then attend.
+
+KV cache layout, per layer:
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+A token at position p of a sequence with block table `bt` lives in slot
+bt[p // block_size] * block_size + p % block_size.
+
+Queries of one sequence are the last `num_query` positions of its context
+(cached prefix | earlier chunks | new tokens), so the causal mask is aligned
+bottom-right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def write_kv_reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter new tokens' K/V ([num_tokens, num_kv_heads, head_dim]) into their slots."""
+    key_cache.view(-1, *key.shape[1:])[slot_mapping] = key
+    value_cache.view(-1, *value.shape[1:])[slot_mapping] = value
+
+
+def paged_attention_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: Sequence[int],
+    seq_lens: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
+
+    block_tables: [num_seqs, max_num_blocks]; query_start_loc: num_seqs + 1
+    offsets into the flattened queries; seq_lens: context length of each
+    sequence including its new tokens.
+    """
+    _, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    for i, seq_len in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        num_query = end - start
+        blocks = block_tables[i, : -(-seq_len // block_size)].long()
+        key = key_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, num_kv_heads, head_dim]
+        value = value_cache[blocks].flatten(0, 1)[:seq_len]
+        # [num_kv_heads, group, num_query, head_dim]
+        q = query[start:end].view(num_query, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        # [num_kv_heads, group, num_query, seq_len]
+        scores = torch.matmul(q, key.permute(1, 2, 0).unsqueeze(1)) * scale
+        q_pos = torch.arange(seq_len - num_query, seq_len).unsqueeze(1)
+        k_pos = torch.arange(seq_len).unsqueeze(0)
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= q_pos - k_pos < sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+        o = torch.matmul(probs, value.permute(1, 0, 2).unsqueeze(1))
+        out[start:end] = o.permute(2, 0, 1, 3).reshape(num_query, num_heads, head_dim)
+    return out

@@ -1,0 +1,1 @@
+"""Code both services import: block hashing, errors, config plumbing, logging."""

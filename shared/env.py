@@ -1,0 +1,26 @@
+"""Every environment variable Pagoda reads, typed, in one place.
+
+Pagoda's own variables carry the `PAGODA_` prefix; `REDIS_URL` and the
+Hugging Face variables keep their conventional names.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def log_level() -> str:
+    return os.environ.get("PAGODA_LOG_LEVEL", "INFO")
+
+
+def redis_url() -> str | None:
+    return os.environ.get("REDIS_URL") or None
+
+
+def cpu_threads() -> int | None:
+    value = os.environ.get("PAGODA_CPU_THREADS")
+    return int(value) if value else None
+
+
+def hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

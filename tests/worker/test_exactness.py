@@ -1,0 +1,134 @@
+"""Greedy output equals `transformers` token for token, whatever the engine does.
+
+Every scenario (one batch, staggered arrivals, shared prefixes, chunked
+prefill, preemption) runs on each supported architecture, float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.checkpoints import ARCHITECTURES
+from tests.conftest import random_prompts
+from worker import LLM, SamplingParams
+from worker.config import EngineConfig
+from worker.engine.llm_engine import LLMEngine
+
+LENGTHS = [1, 3, 7, 12, 16, 23, 31, 40, 57, 70]
+MAX_TOKENS = 20
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+ENGINE = dict(block_size=4, max_model_len=128, num_kv_blocks=400)
+
+
+def run_llm(path, prompts, **options):
+    llm = LLM(str(path), **{**ENGINE, **options})
+    outputs = llm.generate(prompts, GREEDY, detokenize=False)
+    return [o.outputs[0].token_ids for o in outputs], llm.last_stats, llm
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def arch_path(request, make_checkpoint):
+    return make_checkpoint(request.param)
+
+
+def test_batch_matches_hf(arch_path, hf_greedy):
+    prompts = random_prompts(LENGTHS)
+    got, stats, _ = run_llm(arch_path, prompts)
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+    assert stats.num_kv_blocks_used == 0
+
+
+def test_requests_arriving_while_others_decode(arch_path, hf_greedy):
+    prompts = random_prompts(LENGTHS, seed=1)
+    engine = LLMEngine(EngineConfig.from_kwargs(model=str(arch_path), **ENGINE))
+    got: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        # A new request every other step, joining a batch that is decoding.
+        if pending and step % 2 == 0:
+            i, prompt = pending.pop(0)
+            engine.add_request(str(i), prompt, GREEDY)
+        for delta in engine.step().deltas:
+            got.setdefault(delta.request_id, []).extend(delta.new_token_ids)
+        step += 1
+    assert [got[str(i)] for i in range(len(prompts))] == hf_greedy(arch_path, prompts, MAX_TOKENS)
+
+
+def test_prefix_caching(arch_path, hf_greedy):
+    prefix = random_prompts([37], seed=2)[0]
+    suffixes = random_prompts([1, 4, 9, 13, 20, 2, 6, 11], seed=3)
+    prompts = [prefix + s for s in suffixes]
+    llm = LLM(str(arch_path), **ENGINE)
+    first = llm.generate(prompts[:1], GREEDY, detokenize=False)
+    rest = llm.generate(prompts[1:], GREEDY, detokenize=False)
+    got = [o.outputs[0].token_ids for o in first + rest]
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+    assert llm.last_stats.prefix_cache_hits > 0
+    # 37 shared tokens = 9 full blocks of 4 for every later request.
+    assert all(o.num_cached_tokens == 36 for o in rest)
+
+
+def test_chunked_prefill(arch_path, hf_greedy):
+    prompts = random_prompts(LENGTHS, seed=4)
+    got, _, _ = run_llm(arch_path, prompts, max_num_batched_tokens=16)
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+
+
+def test_preemption(arch_path, hf_greedy):
+    prompts = random_prompts(LENGTHS, seed=5)
+    # 36 blocks of 4 = 144 slots for ten requests of up to 90 tokens.
+    got, stats, _ = run_llm(arch_path, prompts, num_kv_blocks=36)
+    assert stats.num_preemptions > 0
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+
+
+def test_preemption_without_prefix_caching(make_checkpoint, hf_greedy):
+    path = make_checkpoint("llama")
+    prompts = random_prompts(LENGTHS, seed=6)
+    got, stats, _ = run_llm(path, prompts, num_kv_blocks=36, enable_prefix_caching=False)
+    assert stats.num_preemptions > 0
+    assert stats.prefix_cache_queries == 0
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "arch, overrides",
+    [
+        ("llama", {"tie_word_embeddings": True}),
+        ("llama", {"max_shard_size": "40KB"}),
+        (
+            "llama",
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 10000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                }
+            },
+        ),
+        ("llama", {"num_key_value_heads": 4}),
+        ("llama", {"num_key_value_heads": 1}),
+        ("mistral", {"sliding_window": 8}),
+        ("qwen3", {"tie_word_embeddings": True}),
+    ],
+    ids=["tied", "sharded", "llama3-rope", "mha", "mqa", "sliding-window", "qwen3-tied"],
+)
+def test_checkpoint_variants(make_checkpoint, hf_greedy, arch, overrides):
+    path = make_checkpoint(arch, **overrides)
+    prompts = random_prompts([5, 19, 44, 60], seed=7)
+    got, _, _ = run_llm(path, prompts)
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+def test_bf16_checkpoint_runs_float32_on_cpu(make_checkpoint, hf_greedy):
+    import torch
+
+    path = make_checkpoint("llama", dtype=torch.bfloat16)
+    prompts = random_prompts([9, 33], seed=8)
+    got, _, llm = run_llm(path, prompts)
+    assert llm.engine.core.dtype == torch.float32
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)

@@ -1,0 +1,1 @@
+"""Attention metadata, the forward context that carries it, and backends."""

@@ -1,0 +1,177 @@
+"""Engine configuration: frozen groups, validated on construction.
+
+Every field is one CLI flag (see `shared.cli_args`); flag names follow vLLM
+where the concept is the same. Values derived at start-up (the resolved
+dtype, the number of KV blocks) are returned by the code that derives them
+and passed on; they are never written back here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.cli_args import parse_bytes
+from shared.errors import ConfigError
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def _positive(name: str, value: int | float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = field(metadata={"help": "Hugging Face model id or local checkpoint folder."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or id (default: the model's)."}
+    )
+    revision: str | None = field(default=None, metadata={"help": "Hub revision to download."})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weight and activation dtype. auto: the checkpoint's dtype on GPU; "
+            "float32 on CPU, where it is the fastest arithmetic.",
+            "choices": DTYPES,
+        },
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "Longest prompt + output, in tokens (default: the model's)."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for requests that set none."})
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "Name clients use for the model (default: --model)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _positive("max_model_len", self.max_model_len)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = field(default=16, metadata={"help": "Tokens per KV cache block."})
+    kv_cache_memory: int | None = field(
+        default=None,
+        metadata={"help": "KV cache size in bytes, e.g. 4GiB.", "parse": parse_bytes},
+    )
+    kv_cache_memory_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of the memory free after loading weights to give the KV "
+            "cache when --kv-cache-memory is not set (default 0.9 on GPU, 0.5 on CPU)."
+        },
+    )
+    num_kv_blocks: int | None = field(
+        default=None, metadata={"help": "Exact number of KV blocks (overrides sizing)."}
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "Share KV blocks of common prompt prefixes."}
+    )
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        _positive("kv_cache_memory", self.kv_cache_memory)
+        _positive("num_kv_blocks", self.num_kv_blocks)
+        frac = self.kv_cache_memory_fraction
+        if frac is not None and not 0 < frac <= 1:
+            raise ConfigError(f"--kv-cache-memory-fraction must be in (0, 1], got {frac}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = field(
+        default=2048, metadata={"help": "Token budget of one engine step."}
+    )
+    max_num_seqs: int = field(default=256, metadata={"help": "Most requests running at once."})
+    enable_chunked_prefill: bool = field(
+        default=True, metadata={"help": "Split long prompts across steps."}
+    )
+    scheduling_policy: str = field(
+        default="fcfs",
+        metadata={
+            "help": "fcfs, or priority (lower value first, ties by arrival).",
+            "choices": ("fcfs", "priority"),
+        },
+    )
+
+    def __post_init__(self) -> None:
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_num_seqs", self.max_num_seqs)
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(
+                f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Devices to shard each layer across."}
+    )
+
+    def __post_init__(self) -> None:
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = field(
+        default="auto", metadata={"help": "auto, cpu or cuda.", "choices": ("auto", "cpu", "cuda")}
+    )
+    cpu_threads: int | None = field(
+        default=None, metadata={"help": "Threads for CPU compute (default: all cores)."}
+    )
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "Run plain eager PyTorch: no compiled step."}
+    )
+    attention_backend: str | None = field(
+        default=None, metadata={"help": "Attention backend by name (default: best for device)."}
+    )
+
+    def __post_init__(self) -> None:
+        _positive("cpu_threads", self.cpu_threads)
+
+
+_GROUPS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "device": DeviceConfig,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from flat keyword arguments named like the CLI flags."""
+        groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+        for key, value in kwargs.items():
+            for group, group_cls in _GROUPS.items():
+                if key in {f.name for f in dataclasses.fields(group_cls)}:
+                    groups[group][key] = value
+                    break
+            else:
+                raise ConfigError(f"unknown engine option {key!r}")
+        return cls(**{name: _GROUPS[name](**values) for name, values in groups.items()})
+
+    @classmethod
+    def group_classes(cls) -> tuple[type, ...]:
+        return tuple(_GROUPS.values())

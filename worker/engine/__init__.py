@@ -1,0 +1,1 @@
+"""The engine: requests in, token streams out, one step at a time."""

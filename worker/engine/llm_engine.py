@@ -1,0 +1,123 @@
+"""The engine's front door: validates requests, fans out `n`, names outputs.
+
+Both the offline `LLM` and the worker service drive the engine through this
+class. Outside it, a request is its id plus a sample index; inside, each of
+the `n` samples is its own engine request sharing the prompt's blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from shared.errors import InvalidRequestError
+from worker.config import EngineConfig
+from worker.engine.engine_core import EngineCore, EngineStepOutput
+from worker.engine.request import Request
+from worker.engine.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, record_kv_events: bool = False) -> None:
+        self.config = config
+        self.core = EngineCore(config, record_kv_events=record_kv_events)
+        self.spec = self.core.spec
+        self.max_model_len = self.core.max_model_len
+        self._children: dict[str, list[str]] = {}
+        self._parent_of: dict[str, tuple[str, int]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+        """Check a request against this model; return its effective max_tokens."""
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("prompt", "must contain at least one token")
+        vocab = self.vocab_size
+        for i, token in enumerate(prompt_token_ids):
+            if not 0 <= token < vocab:
+                raise InvalidRequestError(
+                    "prompt",
+                    f"token id {token} at position {i} is outside the vocabulary [0, {vocab})",
+                )
+        params.validate_token_ids(vocab)
+        num_prompt, limit = len(prompt_token_ids), self.max_model_len
+        if num_prompt >= limit:
+            raise InvalidRequestError(
+                "prompt",
+                f"{num_prompt} tokens leave no room to generate within the maximum context "
+                f"length of {limit} tokens; shorten it to at most {limit - 1}",
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - num_prompt
+        if num_prompt + max_tokens > limit:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"the prompt ({num_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"maximum context length of {limit} tokens; lower max_tokens to at most "
+                f"{limit - num_prompt} or shorten the prompt",
+            )
+        if params.min_tokens > max_tokens:
+            raise InvalidRequestError("min_tokens", f"must be <= max_tokens ({max_tokens})")
+        return max_tokens
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        priority: int = 0,
+        cache_salt: bytes | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._children:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        prompt = [int(t) for t in prompt_token_ids]
+        max_tokens = self.validate(prompt, params)
+        cache = self.config.cache
+        child_ids = (
+            [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        )
+        for index, child_id in enumerate(child_ids):
+            child_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + index
+                child_params = dataclasses.replace(params, n=1, seed=seed)
+            request = Request(
+                child_id,
+                prompt,
+                child_params,
+                eos_token_ids=self.spec.eos_token_ids,
+                max_tokens=max_tokens,
+                priority=priority,
+                arrival_time=arrival_time,
+                block_size=cache.block_size if cache.enable_prefix_caching else None,
+                cache_salt=cache_salt,
+            )
+            self._parent_of[child_id] = (request_id, index)
+            self.core.add_request(request)
+        self._children[request_id] = child_ids
+
+    def abort_request(self, request_id: str) -> None:
+        child_ids = self._children.pop(request_id, [])
+        self.core.abort_requests(child_ids)
+        for child_id in child_ids:
+            self._parent_of.pop(child_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def step(self) -> EngineStepOutput:
+        """One engine step; deltas come back under the parent id with their sample index."""
+        output = self.core.step()
+        for delta in output.deltas:
+            child_id = delta.request_id
+            parent_id, index = self._parent_of[child_id]
+            delta.request_id, delta.index = parent_id, index
+            if delta.finished:
+                del self._parent_of[child_id]
+                children = self._children[parent_id]
+                children.remove(child_id)
+                if not children:
+                    del self._children[parent_id]
+        return output

@@ -1,0 +1,1 @@
+"""The paged KV cache's bookkeeping: blocks, reference counts, prefix cache."""

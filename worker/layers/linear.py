@@ -1,0 +1,176 @@
+"""Linear layers with Megatron-style tensor-parallel sharding.
+
+Each layer owns its shapes and how a checkpoint tensor is sliced into its
+shard (`weight_loader`); the quantization method owns the storage format.
+Parameters carry `output_dim` / `input_dim` attributes naming which of their
+dims is sharded, so a quantization method's own parameters load the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worker.distributed import divide, get_tp_rank, get_tp_size, tp_all_reduce
+from worker.layers.quantization import LinearMethodBase, UnquantizedLinearMethod
+
+
+def _narrow(loaded: torch.Tensor, dim: int | None, start: int, size: int) -> torch.Tensor:
+    return loaded if dim is None else loaded.narrow(dim, start, size)
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with W stored by a quantization method."""
+
+    def __init__(
+        self,
+        input_size_per_partition: int,
+        output_size_per_partition: int,
+        bias: bool,
+        quant_method: LinearMethodBase | None,
+        params_dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        params_dtype = params_dtype or torch.get_default_dtype()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(
+            self, input_size_per_partition, output_size_per_partition, params_dtype
+        )
+        self.weight.output_dim, self.weight.input_dim = 0, 1
+        if bias:
+            self.bias = nn.Parameter(
+                torch.empty(output_size_per_partition, dtype=params_dtype), requires_grad=False
+            )
+            self.bias.output_dim, self.bias.input_dim = 0, None
+        else:
+            self.register_parameter("bias", None)
+        for param in self.parameters(recurse=False):
+            param.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size, output_size, bias=False, quant_method=None, params_dtype=None):
+        super().__init__(input_size, output_size, bias, quant_method, params_dtype)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank keeps its slice of the output."""
+
+    def __init__(self, input_size, output_size, bias=False, quant_method=None, params_dtype=None):
+        self.output_size_per_partition = divide(
+            output_size, get_tp_size(), "output features of a column-parallel linear"
+        )
+        super().__init__(
+            input_size, self.output_size_per_partition, bias, quant_method, params_dtype
+        )
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        dim = getattr(param, "output_dim", None)
+        size = param.shape[dim] if dim is not None else 0
+        param.data.copy_(_narrow(loaded, dim, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs stored as one matrix (e.g. gate_up_proj).
+
+    Checkpoint tensors arrive one shard at a time (shard_id = index into
+    `output_sizes`) and land in their slice of each rank's partition.
+    """
+
+    def __init__(self, input_size, output_sizes, bias=False, quant_method=None, params_dtype=None):
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias, quant_method, params_dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            return super().weight_loader(param, loaded)
+        dim = param.output_dim
+        size = self.output_sizes[shard_id] // self.tp_size
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        shard = loaded.narrow(dim, self.tp_rank * size, size)
+        param.data.narrow(dim, offset, size).copy_(shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections fused into one matrix, sharded by heads.
+
+    When there are more ranks than KV heads, each KV head is replicated on
+    tp_size / num_kv_heads ranks.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+        quant_method: LinearMethodBase | None = None,
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        tp_size = get_tp_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(total_num_heads, tp_size, "number of attention heads")
+        if tp_size >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.kv_replicas = divide(
+                tp_size, total_num_kv_heads, "tensor-parallel size over KV heads"
+            )
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp_size, "number of KV heads")
+            self.kv_replicas = 1
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, output_size, bias, quant_method, params_dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            raise ValueError("qkv_proj loads from separate q_proj, k_proj and v_proj tensors")
+        dim = param.output_dim
+        if shard_id == "q":
+            offset, size, start = 0, self.q_size, self.tp_rank * self.q_size
+        else:
+            offset = self.q_size if shard_id == "k" else self.q_size + self.kv_size
+            size, start = self.kv_size, (self.tp_rank // self.kv_replicas) * self.kv_size
+        param.data.narrow(dim, offset, size).copy_(loaded.narrow(dim, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs are summed."""
+
+    def __init__(
+        self,
+        input_size,
+        output_size,
+        bias=False,
+        reduce_results=True,
+        quant_method=None,
+        params_dtype=None,
+    ):
+        self.reduce_results = reduce_results
+        input_per_partition = divide(
+            input_size, get_tp_size(), "input features of a row-parallel linear"
+        )
+        super().__init__(input_per_partition, output_size, bias, quant_method, params_dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        dim = getattr(param, "input_dim", None)
+        size = param.shape[dim] if dim is not None else 0
+        param.data.copy_(_narrow(loaded, dim, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Bias is added once, after the sum, not on every rank.
+        out = self.quant_method.apply(self, x, None)
+        if self.reduce_results:
+            out = tp_all_reduce(out)
+        return out if self.bias is None else out + self.bias

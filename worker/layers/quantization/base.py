@@ -1,0 +1,49 @@
+"""The interface every weight format implements for the linear layers.
+
+The linear layer owns shapes, sharding and loading; the method owns how the
+weight is stored (dtype, packing, scales) and how `y = x W^T + b` is computed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethodBase(ABC):
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_size_per_partition: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        """Register the layer's parameters (at least `weight`)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x: [num_tokens, in_features] -> [num_tokens, out_features]."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027
+        """Repack loaded weights into the format `apply` wants (optional)."""
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """Dense weights in the model dtype."""
+
+    def create_weights(
+        self, layer, input_size_per_partition, output_size_per_partition, params_dtype
+    ):
+        # [out_features, in_features], the Hugging Face layout, so loading is a copy.
+        weight = nn.Parameter(
+            torch.empty(output_size_per_partition, input_size_per_partition, dtype=params_dtype),
+            requires_grad=False,
+        )
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer, x, bias):
+        return F.linear(x, layer.weight, bias)

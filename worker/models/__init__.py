@@ -1,0 +1,1 @@
+"""Model architectures, their checkpoint specs and weight loading."""

@@ -1,0 +1,1 @@
+"""The model runner: scheduler decisions in, sampled tokens out."""

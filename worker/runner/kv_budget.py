@@ -1,0 +1,88 @@
+"""How many KV blocks fit, decided once at start-up and reported to the operator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.errors import ConfigError
+from worker.config import CacheConfig
+from worker.models.spec import ModelSpec
+
+_DEFAULT_FRACTION = {"cuda": 0.9, "cpu": 0.5}
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new allocations on `device` right now."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    weights_bytes: int
+    bytes_per_block: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.bytes_per_block * self.num_blocks
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of --max-model-len tokens that fit at once."""
+        return self.max_tokens / self.max_model_len
+
+    def describe(self) -> str:
+        return (
+            f"weights {_gib(self.weights_bytes)}; KV cache {_gib(self.kv_bytes)} = "
+            f"{self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens; "
+            f"{self.max_concurrency:.2f} concurrent requests at max-model-len {self.max_model_len}"
+        )
+
+
+def plan_kv_cache(
+    cache: CacheConfig,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    weights_bytes: int,
+    max_model_len: int,
+    tp_size: int = 1,
+) -> KVBudget:
+    bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype) // tp_size
+    if cache.num_kv_blocks is not None:
+        num_blocks = cache.num_kv_blocks
+    elif cache.kv_cache_memory is not None:
+        num_blocks = cache.kv_cache_memory // bytes_per_block
+    else:
+        fraction = cache.kv_cache_memory_fraction or _DEFAULT_FRACTION.get(device.type, 0.5)
+        num_blocks = int(available_memory(device) * fraction) // bytes_per_block
+    budget = KVBudget(weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len)
+    needed_blocks = -(-max_model_len // cache.block_size)
+    if num_blocks < needed_blocks:
+        fit_len = num_blocks * cache.block_size
+        raise ConfigError(
+            f"the KV cache holds {budget.max_tokens} tokens ({num_blocks} blocks of "
+            f"{cache.block_size}), less than one request of --max-model-len {max_model_len}. "
+            f"Give it at least --kv-cache-memory {needed_blocks * bytes_per_block} "
+            f"({_gib(needed_blocks * bytes_per_block)}), or lower --max-model-len to {fit_len} or less."
+        )
+    return budget

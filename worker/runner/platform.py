@@ -1,0 +1,55 @@
+"""Device, dtype and thread choices, derived once from config and the machine."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from shared import env
+from shared.errors import ConfigError
+from shared.logging import get_logger
+from worker.config import DeviceConfig, ModelConfig
+from worker.models.spec import ModelSpec
+
+logger = get_logger(__name__)
+
+_NAMED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(config: DeviceConfig) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for, but torch sees no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def configure_cpu_threads(config: DeviceConfig) -> int:
+    threads = config.cpu_threads or env.cpu_threads() or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def resolve_dtype(config: ModelConfig, spec: ModelSpec, device: torch.device) -> torch.dtype:
+    """`auto` keeps the checkpoint's half-precision dtype on GPU. On CPU it picks
+    float32: CPUs without AMX run bf16 matmuls at about half the fp32 rate."""
+    if config.dtype != "auto":
+        return _NAMED_DTYPES[config.dtype]
+    if device.type == "cpu":
+        return torch.float32
+    if spec.checkpoint_dtype == torch.float32:
+        return torch.bfloat16
+    return spec.checkpoint_dtype
+
+
+def resolve_max_model_len(config: ModelConfig, spec: ModelSpec) -> int:
+    limit = spec.max_position_embeddings
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} exceeds the model's "
+            f"max_position_embeddings ({limit})"
+        )
+    return config.max_model_len

@@ -1,0 +1,1 @@
+"""Token-budget scheduling: who computes how many tokens in each step."""
