@@ -8,11 +8,12 @@ and passed on; they are never written back here.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.cli_args import parse_bytes
+from shared.cli_args import add_dataclass_args, dataclass_from_args, parse_bytes
 from shared.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -68,7 +69,8 @@ class CacheConfig:
         default=None,
         metadata={
             "help": "Fraction of the memory free after loading weights to give the KV "
-            "cache when --kv-cache-memory is not set (default 0.9 on GPU, 0.5 on CPU)."
+            "cache when --kv-cache-memory is not set (default 0.9 on GPU; on CPU 0.5, "
+            "capped at 4 GiB unless this flag is given)."
         },
     )
     num_kv_blocks: int | None = field(
@@ -172,6 +174,14 @@ class EngineConfig:
                 raise ConfigError(f"unknown engine option {key!r}")
         return cls(**{name: _GROUPS[name](**values) for name, values in groups.items()})
 
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
+        """One flag per field of every group; MODEL positional unless told otherwise."""
+        if positional_model:
+            parser.add_argument("model", help="Hugging Face model id or checkpoint folder.")
+        for group_cls in _GROUPS.values():
+            add_dataclass_args(parser, group_cls, skip=("model",) if positional_model else ())
+
     @classmethod
-    def group_classes(cls) -> tuple[type, ...]:
-        return tuple(_GROUPS.values())
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineConfig:
+        return cls(**{name: dataclass_from_args(g, args) for name, g in _GROUPS.items()})

@@ -23,8 +23,12 @@ class LLM:
     (`max_num_seqs=...`, `enable_prefix_caching=False`, ...).
     """
 
-    def __init__(self, model: str, **engine_options: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options))
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_options: Any) -> None:
+        if config is None:
+            if model is None:
+                raise TypeError("LLM() needs a model (or a ready EngineConfig as config=)")
+            config = EngineConfig.from_kwargs(model=model, **engine_options)
+        self.engine = LLMEngine(config)
         self._tokenizer = None
         self._ids = itertools.count()
         self.last_stats: SchedulerStats | None = None

@@ -37,6 +37,11 @@ class EngineStepOutput:
 class EngineCore:
     def __init__(self, config: EngineConfig, record_kv_events: bool = False) -> None:
         self.config = config
+        if config.parallel.tensor_parallel_size > 1:
+            raise ConfigError(
+                "--tensor-parallel-size > 1 is not available yet: the layers shard, but the "
+                "multi-process launcher is still to come; run with --tensor-parallel-size 1"
+            )
         device = resolve_device(config.device)
         if device.type == "cpu":
             configure_cpu_threads(config.device)

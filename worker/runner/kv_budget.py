@@ -11,6 +11,9 @@ from worker.config import CacheConfig
 from worker.models.spec import ModelSpec
 
 _DEFAULT_FRACTION = {"cuda": 0.9, "cpu": 0.5}
+# On CPU the KV cache shares RAM with everything else on the machine (and with
+# sibling workers), so an unset size is also capped, as vLLM's CPU build does.
+_CPU_DEFAULT_CAP = 4 * 2**30
 
 
 def available_memory(device: torch.device) -> int:
@@ -74,7 +77,10 @@ def plan_kv_cache(
         num_blocks = cache.kv_cache_memory // bytes_per_block
     else:
         fraction = cache.kv_cache_memory_fraction or _DEFAULT_FRACTION.get(device.type, 0.5)
-        num_blocks = int(available_memory(device) * fraction) // bytes_per_block
+        kv_bytes = int(available_memory(device) * fraction)
+        if device.type == "cpu" and cache.kv_cache_memory_fraction is None:
+            kv_bytes = min(kv_bytes, _CPU_DEFAULT_CAP)
+        num_blocks = kv_bytes // bytes_per_block
     budget = KVBudget(weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len)
     needed_blocks = -(-max_model_len // cache.block_size)
     if num_blocks < needed_blocks:

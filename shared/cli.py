@@ -1,0 +1,47 @@
+"""The `pagoda` command: one entry point, one subcommand per service or tool.
+
+Each subcommand lives in the package that owns it and is imported only when
+chosen, so `pagoda router` never loads torch. A subcommand module provides
+`add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shared.logging import configure_logging
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("worker.generate_cli", "Generate offline from prompts with the engine."),
+}
+
+
+def register_subcommand(name: str, module: str, help_text: str) -> None:
+    SUBCOMMANDS[name] = (module, help_text)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagoda", description="Self-hosted LLM serving.")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only the chosen one pays for its imports
+            importlib.import_module(module).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    configure_logging(args.log_level)
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
