@@ -175,6 +175,10 @@ class EngineConfig:
         return cls(**{name: _GROUPS[name](**values) for name, values in groups.items()})
 
     @staticmethod
+    def group_classes() -> tuple[type, ...]:
+        return tuple(_GROUPS.values())
+
+    @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
         """One flag per field of every group; MODEL positional unless told otherwise."""
         if positional_model:

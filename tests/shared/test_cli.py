@@ -1,0 +1,51 @@
+"""The `pagoda` entry point runs as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_generate_prints_json_and_logs_the_kv_budget(make_checkpoint):
+    path = make_checkpoint("qwen2")
+    result = run_cli(
+        "generate",
+        str(path),
+        "--prompt",
+        "Hello there",
+        "--max-tokens",
+        "5",
+        "--max-model-len",
+        "64",
+        "--kv-cache-memory",
+        "1MiB",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["prompt"] == "Hello there" and len(record["token_ids"]) <= 5
+    assert "KV cache" in result.stderr and "blocks x 16 tokens" in result.stderr
+
+
+def test_bad_flag_value_fails_with_a_message(make_checkpoint):
+    result = run_cli(
+        "generate", str(make_checkpoint("qwen2")), "--prompt", "x", "--kv-cache-memory", "lots"
+    )
+    assert result.returncode == 2
+    assert "not a memory size" in result.stderr
