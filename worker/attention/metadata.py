@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,6 +24,7 @@ class AttentionMetadata:
     seq_lens: list[int]  # num_seqs
     max_query_len: int
     max_seq_len: int
+    backend_plan: Any = None  # what the backend's prepare() derived for this step
 
     @property
     def num_seqs(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
@@ -44,11 +45,6 @@ def rope_inv_freq(head_dim: int, rope: RopeSpec) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     def __init__(
         self, head_dim: int, max_position: int, rope: RopeSpec, dtype: torch.dtype
@@ -61,15 +57,46 @@ class RotaryEmbedding(nn.Module):
         # [max_position, head_dim] each; not parameters, never loaded.
         self.register_buffer("cos_cache", emb.cos().to(dtype), persistent=False)
         self.register_buffer("sin_cache", emb.sin().to(dtype), persistent=False)
+        self._cached_for: torch.Tensor | None = None
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step passes the same positions tensor: gather once per step.
+        if positions is not self._cached_for:
+            half = self.head_dim // 2
+            # [num_tokens, 1, head_dim // 2]: both halves of the cache are equal.
+            cos = self.cos_cache[positions, :half].unsqueeze(1)
+            sin = self.sin_cache[positions, :half].unsqueeze(1)
+            self._cached_for, self._cos_sin = positions, (cos, sin)
+        return self._cos_sin
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query: [num_tokens, num_heads * head_dim], key: [num_tokens, num_kv_heads * head_dim]."""
-        cos = self.cos_cache[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
-        sin = self.sin_cache[positions].unsqueeze(1)
-        q = query.view(query.shape[0], -1, self.head_dim)
-        k = key.view(key.shape[0], -1, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q.view_as(query), k.view_as(key)
+        """query: [num_tokens, num_heads * head_dim], key: [num_tokens, num_kv_heads * head_dim].
+
+        out = x * cos + rotate_half(x) * sin, written per half:
+            out1 = x1 * cos - x2 * sin,   out2 = x2 * cos + x1 * sin
+        which rounds exactly as the Hugging Face form does.
+        """
+        cos, sin = self._lookup(positions)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x.view(x.shape[0], -1, self.head_dim)
+        x1, x2 = x.chunk(2, dim=-1)
+        out = torch.empty_like(x)
+        torch.addcmul(x1 * cos, x2, sin, value=-1, out=out[..., : x1.shape[-1]])
+        torch.addcmul(x2 * cos, x1, sin, out=out[..., x1.shape[-1] :])
+        return out.view(x.shape[0], -1)
+
+
+def get_rope(head_dim: int, max_position: int, rope: RopeSpec, dtype: torch.dtype) -> RotaryEmbedding:
+    """One shared instance per configuration and device, so all layers reuse a step's cos/sin."""
+    return _shared_rope(head_dim, max_position, rope, dtype, torch.get_default_device())
+
+
+@cache
+def _shared_rope(head_dim, max_position, rope, dtype, device) -> RotaryEmbedding:
+    with torch.device(device):
+        return RotaryEmbedding(head_dim, max_position, rope, dtype)

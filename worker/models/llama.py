@@ -18,7 +18,7 @@ from worker.layers.attention import Attention
 from worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from worker.layers.layernorm import RMSNorm
 from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from worker.layers.rotary import RotaryEmbedding
+from worker.layers.rotary import get_rope
 from worker.models.spec import ModelSpec
 
 
@@ -53,9 +53,7 @@ class LlamaAttention(nn.Module):
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, spec.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            head_dim, max_position, spec.rope, torch.get_default_dtype()
-        )
+        self.rotary_emb = get_rope(head_dim, max_position, spec.rope, torch.get_default_dtype())
         self.attn = Attention(
             self.num_heads,
             head_dim,

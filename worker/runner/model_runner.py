@@ -95,6 +95,7 @@ class ModelRunner:
         inputs = build_step_inputs(
             states, list(output.num_scheduled_tokens.values()), self.block_size, self.device
         )
+        inputs.attn_metadata.backend_plan = self.backend.prepare(inputs.attn_metadata)
         with forward_context(inputs.attn_metadata):
             hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
         result = ModelRunnerOutput()

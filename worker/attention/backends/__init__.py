@@ -8,8 +8,9 @@ from worker.attention.backends.base import AttentionBackend
 
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("worker.attention.backends.torch_reference", "TorchReferenceBackend"),
+    "cpu": ("worker.attention.backends.cpu", "CPUAttentionBackend"),
 }
-_DEFAULT_BY_DEVICE = {"cpu": "torch", "cuda": "torch"}
+_DEFAULT_BY_DEVICE = {"cpu": "cpu", "cuda": "torch"}
 
 
 def register_backend(name: str, module: str, class_name: str) -> None:

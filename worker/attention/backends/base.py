@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 
@@ -13,6 +14,11 @@ class AttentionBackend(ABC):
     """Writes a step's new K/V into the paged cache and attends over it."""
 
     name: str
+
+    def prepare(self, metadata: AttentionMetadata) -> Any:
+        """Per-step work shared by all layers (partitioning, index tensors); the
+        runner stores the result in `metadata.backend_plan`."""
+        return None
 
     @abstractmethod
     def forward(

@@ -1,0 +1,64 @@
+"""CPU kernels in C++, compiled on first use and cached per machine.
+
+Each kernel has a plain-PyTorch twin in `kernels/`; when no compiler is
+available the callers fall back to it (with a warning), so a bare install
+still runs, only slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from shared.logging import get_logger
+
+logger = get_logger(__name__)
+
+_SOURCES = [Path(__file__).with_name("paged_attention_decode.cpp")]
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
+
+
+def _build_dir() -> Path:
+    # -march=native code only runs where it was built: key the cache by machine too.
+    digest = hashlib.sha256()
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(_FLAGS).encode())
+    digest.update(platform.machine().encode())
+    digest.update(_cpu_model().encode())
+    root = Path(os.environ.get("PAGODA_KERNEL_CACHE", Path.home() / ".cache" / "pagoda" / "kernels"))
+    path = root / digest.hexdigest()[:16]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@cache
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled module, or None when it cannot be built here."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="pagoda_cpu_kernels",
+            sources=[str(s) for s in _SOURCES],
+            extra_cflags=_FLAGS,
+            build_directory=str(_build_dir()),
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, headers missing: run the reference
+        logger.warning("CPU kernels unavailable, using the plain-PyTorch reference: %s", exc)
+        return None

@@ -1,0 +1,106 @@
+"""The CPU backend: a C++ kernel for decode rows, SDPA for prefill rows.
+
+Decode (one new token per sequence) dominates steps and is memory-bound: the
+kernel reads K/V blocks in place instead of gathering them. Prefill rows are
+few per step and compute-bound: torch's fused SDPA does them, straight from
+the new K/V when the sequence has no cached context. Without a compiler the
+decode rows fall back to the plain-PyTorch reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu import load_cpu_kernels
+from kernels.paged_attention_reference import paged_attention_reference
+from worker.attention.backends.base import AttentionBackend
+from worker.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class CPUAttentionPlan:
+    decode_rows: torch.Tensor  # [num_decode] int64, query rows of decode sequences
+    decode_block_tables: torch.Tensor  # [num_decode, max_num_blocks] int32
+    decode_seq_lens: torch.Tensor  # [num_decode] int32
+    decode_seq_ids: list[int]
+    prefills: list[tuple[int, int, int, int]]  # (seq index, first row, end row, seq_len)
+
+
+class CPUAttentionBackend(AttentionBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.kernels = load_cpu_kernels()
+
+    def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
+        starts = metadata.query_start_loc
+        decode_ids = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+        prefills = [
+            (i, starts[i], starts[i + 1], metadata.seq_lens[i])
+            for i in range(metadata.num_seqs)
+            if starts[i + 1] - starts[i] > 1
+        ]
+        index = torch.tensor(decode_ids, dtype=torch.int64)
+        return CPUAttentionPlan(
+            decode_rows=torch.tensor([starts[i] for i in decode_ids], dtype=torch.int64),
+            decode_block_tables=metadata.block_tables.index_select(0, index).contiguous(),
+            decode_seq_lens=torch.tensor([metadata.seq_lens[i] for i in decode_ids], dtype=torch.int32),
+            decode_seq_ids=decode_ids,
+            prefills=prefills,
+        )
+
+    def forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
+        plan: CPUAttentionPlan = metadata.backend_plan
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, key)
+        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, value)
+        if self.kernels is None:
+            return paged_attention_reference(
+                query, key_cache, value_cache, metadata.block_tables,
+                metadata.query_start_loc, metadata.seq_lens, scale, sliding_window,
+            )
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        if plan.decode_seq_ids:
+            self.kernels.paged_attention_decode(
+                query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens,
+                plan.decode_rows, out, scale, sliding_window or 0,
+            )
+        for seq, first, end, seq_len in plan.prefills:
+            out[first:end] = self._prefill(
+                query[first:end], key[first:end], value[first:end], key_cache, value_cache,
+                metadata.block_tables[seq], seq_len, scale, sliding_window,
+            )
+        return out
+
+    @staticmethod
+    def _prefill(query, key, value, key_cache, value_cache, block_table, seq_len, scale, window):
+        """query/key/value: this sequence's new rows [num_new, heads, head_dim]."""
+        num_new = query.shape[0]
+        if seq_len > num_new:  # cached prefix or earlier chunks: read the context from the cache
+            block_size = key_cache.shape[1]
+            blocks = block_table[: -(-seq_len // block_size)].long()
+            key = key_cache[blocks].flatten(0, 1)[:seq_len]
+            value = value_cache[blocks].flatten(0, 1)[:seq_len]
+        mask = None
+        if seq_len > num_new or window is not None:
+            q_pos = torch.arange(seq_len - num_new, seq_len).unsqueeze(1)
+            k_pos = torch.arange(seq_len).unsqueeze(0)
+            mask = k_pos <= q_pos
+            if window is not None:
+                mask &= q_pos - k_pos < window
+        # Torch's fused CPU kernel wants contiguous [1, heads, len, head_dim] inputs
+        # with K/V heads repeated; enable_gqa or strided views fall back to a slow path.
+        group = query.shape[1] // key.shape[1]
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1).contiguous().unsqueeze(0),
+            key.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0),
+            value.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+        )
+        return out[0].transpose(0, 1)
