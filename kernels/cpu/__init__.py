@@ -30,7 +30,9 @@ def _build_dir() -> Path:
     digest.update(" ".join(_FLAGS).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_model().encode())
-    root = Path(os.environ.get("PAGODA_KERNEL_CACHE", Path.home() / ".cache" / "pagoda" / "kernels"))
+    root = Path(
+        os.environ.get("PAGODA_KERNEL_CACHE", Path.home() / ".cache" / "pagoda" / "kernels")
+    )
     path = root / digest.hexdigest()[:16]
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -132,3 +132,17 @@ def test_bf16_checkpoint_runs_float32_on_cpu(make_checkpoint, hf_greedy):
     got, _, llm = run_llm(path, prompts)
     assert llm.engine.core.dtype == torch.float32
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("scenario", ["batch", "chunked", "preemption"])
+def test_reference_attention_backend(make_checkpoint, hf_greedy, scenario):
+    path = make_checkpoint("qwen2")
+    options = {
+        "batch": {},
+        "chunked": {"max_num_batched_tokens": 16},
+        "preemption": {"num_kv_blocks": 36},
+    }
+    prompts = random_prompts(LENGTHS, seed=9)
+    got, _, llm = run_llm(path, prompts, attention_backend="torch", **options[scenario])
+    assert llm.engine.core.runner.backend.name == "torch"
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)

@@ -91,7 +91,9 @@ class RotaryEmbedding(nn.Module):
         return out.view(x.shape[0], -1)
 
 
-def get_rope(head_dim: int, max_position: int, rope: RopeSpec, dtype: torch.dtype) -> RotaryEmbedding:
+def get_rope(
+    head_dim: int, max_position: int, rope: RopeSpec, dtype: torch.dtype
+) -> RotaryEmbedding:
     """One shared instance per configuration and device, so all layers reuse a step's cos/sin."""
     return _shared_rope(head_dim, max_position, rope, dtype, torch.get_default_device())
 

@@ -47,7 +47,9 @@ class CPUAttentionBackend(AttentionBackend):
         return CPUAttentionPlan(
             decode_rows=torch.tensor([starts[i] for i in decode_ids], dtype=torch.int64),
             decode_block_tables=metadata.block_tables.index_select(0, index).contiguous(),
-            decode_seq_lens=torch.tensor([metadata.seq_lens[i] for i in decode_ids], dtype=torch.int32),
+            decode_seq_lens=torch.tensor(
+                [metadata.seq_lens[i] for i in decode_ids], dtype=torch.int32
+            ),
             decode_seq_ids=decode_ids,
             prefills=prefills,
         )
@@ -59,20 +61,40 @@ class CPUAttentionBackend(AttentionBackend):
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, value)
         if self.kernels is None:
             return paged_attention_reference(
-                query, key_cache, value_cache, metadata.block_tables,
-                metadata.query_start_loc, metadata.seq_lens, scale, sliding_window,
+                query,
+                key_cache,
+                value_cache,
+                metadata.block_tables,
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                scale,
+                sliding_window,
             )
         query = query.contiguous()
         out = torch.empty_like(query)
         if plan.decode_seq_ids:
             self.kernels.paged_attention_decode(
-                query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens,
-                plan.decode_rows, out, scale, sliding_window or 0,
+                query,
+                key_cache,
+                value_cache,
+                plan.decode_block_tables,
+                plan.decode_seq_lens,
+                plan.decode_rows,
+                out,
+                scale,
+                sliding_window or 0,
             )
         for seq, first, end, seq_len in plan.prefills:
             out[first:end] = self._prefill(
-                query[first:end], key[first:end], value[first:end], key_cache, value_cache,
-                metadata.block_tables[seq], seq_len, scale, sliding_window,
+                query[first:end],
+                key[first:end],
+                value[first:end],
+                key_cache,
+                value_cache,
+                metadata.block_tables[seq],
+                seq_len,
+                scale,
+                sliding_window,
             )
         return out
 

@@ -1,0 +1,64 @@
+"""The CPU backend equals the reference backend on a mixed step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.attention.backends import get_attention_backend
+from worker.attention.metadata import AttentionMetadata
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_cpu_backend_matches_reference_on_a_mixed_step(window):
+    torch.manual_seed(1)
+    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 6, 2, 16, 4, 40
+    # (cached context, new tokens): decode, fresh prefill, chunk after a prefix, decode.
+    shapes = [(9, 1), (0, 7), (8, 5), (3, 1)]
+    perm = torch.randperm(num_blocks).tolist()
+    block_tables = torch.zeros(len(shapes), 6, dtype=torch.int32)
+    slots, query_start_loc, seq_lens = [], [0], []
+    caches = {}
+    for name in ("cpu", "torch"):
+        caches[name] = (
+            torch.zeros(num_blocks, block_size, num_kv_heads, head_dim),
+            torch.zeros(num_blocks, block_size, num_kv_heads, head_dim),
+        )
+    history_k, history_v = [], []
+    for i, (cached, new) in enumerate(shapes):
+        total = cached + new
+        blocks = [perm.pop() for _ in range(-(-total // block_size))]
+        block_tables[i, : len(blocks)] = torch.tensor(blocks)
+        pos = torch.arange(total)
+        slot = torch.tensor(blocks)[pos // block_size] * block_size + pos % block_size
+        k, v = (
+            torch.randn(cached, num_kv_heads, head_dim),
+            torch.randn(cached, num_kv_heads, head_dim),
+        )
+        for key_cache, value_cache in caches.values():
+            key_cache.view(-1, num_kv_heads, head_dim)[slot[:cached]] = k
+            value_cache.view(-1, num_kv_heads, head_dim)[slot[:cached]] = v
+        slots.append(slot[cached:])
+        query_start_loc.append(query_start_loc[-1] + new)
+        seq_lens.append(total)
+    num_tokens = query_start_loc[-1]
+    query = torch.randn(num_tokens, num_heads, head_dim)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim)
+    outputs = {}
+    for name, (key_cache, value_cache) in caches.items():
+        backend = get_attention_backend(name, "cpu")
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots),
+            block_tables=block_tables,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            max_query_len=7,
+            max_seq_len=max(seq_lens),
+        )
+        meta.backend_plan = backend.prepare(meta)
+        outputs[name] = backend.forward(
+            query, key, value, key_cache, value_cache, meta, 0.25, window
+        )
+    torch.testing.assert_close(outputs["cpu"], outputs["torch"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches["cpu"][0], caches["torch"][0])
