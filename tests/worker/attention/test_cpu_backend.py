@@ -24,7 +24,6 @@ def test_cpu_backend_matches_reference_on_a_mixed_step(window):
             torch.zeros(num_blocks, block_size, num_kv_heads, head_dim),
             torch.zeros(num_blocks, block_size, num_kv_heads, head_dim),
         )
-    history_k, history_v = [], []
     for i, (cached, new) in enumerate(shapes):
         total = cached + new
         blocks = [perm.pop() for _ in range(-(-total // block_size))]
