@@ -26,8 +26,22 @@ def resolve_device(config: DeviceConfig) -> torch.device:
 
 
 def configure_cpu_threads(config: DeviceConfig) -> int:
-    threads = config.cpu_threads or env.cpu_threads() or len(os.sched_getaffinity(0))
+    """Use the cores this process may run on (or --cpu-threads of them), and warn
+    when the machine is already busy: shared cores make every step slower."""
+    cores = sorted(os.sched_getaffinity(0))
+    threads = config.cpu_threads or env.cpu_threads() or len(cores)
+    if threads < len(cores):
+        # Pin to the first `threads` cores so torch's pool does not migrate.
+        os.sched_setaffinity(0, cores[:threads])
     torch.set_num_threads(threads)
+    load = os.getloadavg()[0]
+    if load > 0.5 * len(cores):
+        logger.warning(
+            "the 1-minute load average is %.1f on %d cores: other processes share the CPU, "
+            "so throughput will be lower and timings noisy",
+            load,
+            len(cores),
+        )
     return threads
 
 
