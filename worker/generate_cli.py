@@ -9,7 +9,9 @@ from worker.config import EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", action="append", required=True, help="Prompt text (repeatable).")
+    parser.add_argument(
+        "--prompt", action="append", required=True, help="Prompt text (repeatable)."
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--json", action="store_true", help="Print one JSON object per prompt.")

@@ -23,7 +23,9 @@ class LLM:
     (`max_num_seqs=...`, `enable_prefix_caching=False`, ...).
     """
 
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_options: Any) -> None:
+    def __init__(
+        self, model: str | None = None, config: EngineConfig | None = None, **engine_options: Any
+    ) -> None:
         if config is None:
             if model is None:
                 raise TypeError("LLM() needs a model (or a ready EngineConfig as config=)")
