@@ -174,7 +174,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running_requests", "num_waiting_requests", "num_queued_prefill_tokens", "num_kv_blocks_used", "num_kv_blocks_total", "num_kv_blocks_cached", "prefill_tokens_per_second", "decode_tokens_per_second", "num_active_streams", "num_steps", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
+    __slots__ = ("num_running_requests", "num_waiting_requests", "num_queued_prefill_tokens", "num_kv_blocks_used", "num_kv_blocks_total", "num_kv_blocks_cached", "prefill_tokens_per_second", "decode_tokens_per_second", "num_active_streams", "num_steps", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "is_draining")
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class GetLoadResponse(_message.Message):
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    IS_DRAINING_FIELD_NUMBER: _ClassVar[int]
     num_running_requests: int
     num_waiting_requests: int
     num_queued_prefill_tokens: int
@@ -201,4 +202,5 @@ class GetLoadResponse(_message.Message):
     num_preemptions: int
     prefix_cache_queries: int
     prefix_cache_hits: int
-    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., prefill_tokens_per_second: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ..., num_active_streams: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ...) -> None: ...
+    is_draining: bool
+    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_kv_blocks_used: _Optional[int] = ..., num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., prefill_tokens_per_second: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ..., num_active_streams: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., is_draining: _Optional[bool] = ...) -> None: ...
