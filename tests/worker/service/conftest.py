@@ -3,65 +3,42 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-import uvloop
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
-from tests.conftest import wait_for  # noqa: F401 - re-exported for the tests here
 from worker.config import EngineConfig
+from worker.service.background import BackgroundWorker
 from worker.service.config import WorkerServiceConfig
-from worker.service.server import WorkerServer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Tiny pool and blocks, so tests can count blocks and force eviction.
 ENGINE = dict(block_size=4, max_model_len=128, num_kv_blocks=256)
 
 
-class InProcessWorker:
-    def __init__(self, engine_config: EngineConfig, config: WorkerServiceConfig) -> None:
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server = WorkerServer(engine_config, config)
-        self.channel: grpc.Channel | None = None
+class InProcessWorker(BackgroundWorker):
+    """A BackgroundWorker with a gRPC channel and stub to it."""
 
-    def start(self) -> InProcessWorker:
-        self.thread.start()
-        self.run(self.server.start(), timeout=120)
-        self.address = f"127.0.0.1:{self.server.port}"
+    channel: grpc.Channel | None = None
+
+    def start(self, timeout: float = 120.0) -> InProcessWorker:
+        super().start(timeout)
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.WorkerServiceStub(self.channel)
         return self
 
-    def run(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def on_engine(self, fn) -> Any:
-        """Run fn(engine) on the engine thread, between steps."""
-        return self.server.engine_loop.call(fn).result(30)
-
-    @property
-    def engine(self):
-        return self.server.engine
-
-    def stop(self) -> None:
+    def stop(self, drain_timeout: float | None = None) -> None:
         if self.channel is not None:
             self.channel.close()
-        if self.thread.is_alive():
-            self.run(self.server.stop(), timeout=60)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(30)
-        self.loop.close()
+        super().stop(drain_timeout)
 
 
 @pytest.fixture

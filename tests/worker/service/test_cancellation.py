@@ -7,8 +7,8 @@ import pytest
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
-from tests.conftest import random_prompts
-from tests.worker.service.conftest import generate, pool_is_idle, request, wait_for
+from tests.conftest import random_prompts, wait_for
+from tests.worker.service.conftest import generate, pool_is_idle, request
 
 LONG = dict(temperature=0, max_tokens=480, ignore_eos=True)
 

@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
-from tests.worker.service.conftest import generate, pool_is_idle, request, wait_for
+from tests.conftest import wait_for
+from tests.worker.service.conftest import generate, pool_is_idle, request
 
 OK_PROMPT = [5, 6, 7]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

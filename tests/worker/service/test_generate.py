@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from shared.block_hash import BLOCK_HASH_SCHEME
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
-from tests.conftest import random_prompts
-from tests.worker.service.conftest import generate, pool_is_idle, request, wait_for
+from tests.conftest import random_prompts, wait_for
+from tests.worker.service.conftest import generate, pool_is_idle, request
 
 LENGTHS = [1, 2, 3, 5, 7, 8, 9, 12, 15, 16, 17, 20, 23, 24, 25, 30] * 2
 

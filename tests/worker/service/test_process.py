@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
 from shared.registry import RegistryKeys, live_workers
-from tests.worker.service.conftest import request, wait_for
+from tests.conftest import wait_for
+from tests.worker.service.conftest import request
 
 START_TIMEOUT = 120  # a cold interpreter importing torch on a busy 2-core machine
 

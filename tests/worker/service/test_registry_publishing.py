@@ -13,9 +13,9 @@ from shared.registry import (
     live_workers,
     prefix_match_blocks,
 )
-from tests.conftest import random_prompts
+from tests.conftest import random_prompts, wait_for
 from tests.redis_server import RedisServer
-from tests.worker.service.conftest import generate, request, wait_for
+from tests.worker.service.conftest import generate, request
 
 
 def owned(client: redis.Redis, keys: RegistryKeys, worker) -> set[bytes]:
