@@ -1,7 +1,7 @@
 """The Redis key schema that workers write and routers read (docs/REDIS.md).
 
 ```
-{prefix}:workers                   ZSET  worker id -> heartbeat deadline (ms since the Unix epoch)
+{prefix}:workers                   ZSET  worker id -> heartbeat deadline (ms since the Unix epoch); an index
 {prefix}:worker:{id}               HASH  WorkerInfo (address, model, block size, epoch, ...)   TTL
 {prefix}:worker:{id}:load          HASH  WorkerLoad (running, waiting, KV use, token rates)    TTL
 {prefix}:owned:{id}:{epoch}        SET   16-byte block hashes the worker's prefix cache holds  TTL
@@ -27,6 +27,10 @@ import redis
 from shared.block_hash import BLOCK_HASH_SCHEME, BlockHash, block_hashes
 
 DEFAULT_PREFIX = "pagoda"
+# ZSET members this far past their deadline are pruned. Liveness itself is the
+# info key's existence (Redis expires it, whatever the clocks say); the slack
+# keeps a worker whose clock runs ahead from pruning live peers.
+_PRUNE_SLACK_MS = 60_000
 # SADD arguments per command when a whole ownership set is rewritten.
 _CHUNK = 4096
 
@@ -165,8 +169,8 @@ def queue_heartbeat(
     pipe.hset(load_key, mapping=load.to_mapping())
     pipe.pexpire(load_key, ttl_ms)
     pipe.zadd(keys.workers, {info.worker_id: now + ttl_ms})
-    # Dead workers' entries are dropped by whoever heartbeats next.
-    pipe.zremrangebyscore(keys.workers, "-inf", now)
+    # Long-dead workers' entries are dropped by whoever heartbeats next.
+    pipe.zremrangebyscore(keys.workers, "-inf", now - _PRUNE_SLACK_MS)
     pipe.pexpire(keys.owned(info.worker_id, info.epoch), ttl_ms)
     return len(pipe) - 1
 
@@ -217,14 +221,13 @@ def deregister(client: redis.Redis, keys: RegistryKeys, info: WorkerInfo) -> Non
 
 
 def live_workers(client: redis.Redis, keys: RegistryKeys) -> list[WorkerInfo]:
-    """Workers whose heartbeat has not lapsed, in worker id order."""
-    worker_ids = sorted(_text(w) for w in client.zrangebyscore(keys.workers, now_ms(), "+inf"))
+    """Workers whose info key has not expired (their heartbeat is recent), by id."""
+    worker_ids = sorted(_text(w) for w in client.zrange(keys.workers, 0, -1))
     if not worker_ids:
         return []
     pipe = client.pipeline(transaction=False)
     for worker_id in worker_ids:
         pipe.hgetall(keys.worker(worker_id))
-    # A key that expired after the ZSET read is simply absent.
     return [WorkerInfo.from_mapping(m) for m in pipe.execute() if m]
 
 

@@ -12,12 +12,15 @@ import itertools
 from collections.abc import AsyncIterator
 
 from shared.errors import UnavailableError
+from shared.logging import get_logger
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 from worker.service.convert import response_from_deltas
 from worker.service.engine_loop import Batch, EngineLoop, Payload
 from worker.service.load import LoadTracker
+
+logger = get_logger(__name__)
 
 
 class RequestStream:
@@ -103,6 +106,7 @@ class RequestHub:
         if self._streams.pop(stream.engine_id, None) is None:
             return
         if not stream.is_finished and self.engine_loop is not None:
+            logger.debug("request %s ended early: aborting it", stream.request_id)
             self.engine_loop.abort(stream.engine_id)
         self._changed()
 

@@ -15,6 +15,7 @@ import pytest
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
+from tests.conftest import wait_for
 from worker.config import EngineConfig
 from worker.service.background import BackgroundWorker
 from worker.service.config import WorkerServiceConfig
@@ -88,6 +89,27 @@ def request(prompt: list[int], request_id: str = "", **params: Any) -> pb.Genera
 
 def generate(stub: pb_grpc.WorkerServiceStub, prompt: list[int], **params: Any) -> Generation:
     return Generation(list(stub.Generate(request(prompt, **params), timeout=60)))
+
+
+def load_when(worker, predicate, what: str) -> pb.GetLoadResponse:
+    """Poll GetLoad until predicate(load) holds; return that load."""
+
+    def check():
+        load = worker.stub.GetLoad(pb.GetLoadRequest())
+        return load if predicate(load) else None
+
+    return wait_for(check, what=what)
+
+
+def one_running_one_waiting(worker, running_prompt: list[int], waiting_prompt: list[int], **params):
+    """On a worker with --max-num-seqs 1: start one long request, then queue a second
+    behind it. Returns both calls (cancel them to end them)."""
+    long = {"temperature": 0, "max_tokens": 400, "ignore_eos": True}
+    running = worker.stub.Generate(request(running_prompt, **long), timeout=60)
+    next(running)  # it is running
+    waiting = worker.stub.Generate(request(waiting_prompt, **(params or long)), timeout=60)
+    load_when(worker, lambda load: load.num_waiting_requests == 1, "a waiting request")
+    return running, waiting
 
 
 def pool_is_idle(engine) -> bool:

@@ -12,7 +12,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from tests.conftest import wait_for
-from tests.worker.service.conftest import generate, pool_is_idle, request
+from tests.worker.service.conftest import (
+    generate,
+    one_running_one_waiting,
+    pool_is_idle,
+    request,
+)
 
 OK_PROMPT = [5, 6, 7]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -75,14 +80,7 @@ def test_invalid_input_is_invalid_argument_naming_the_field(shared_worker, bad, 
 
 def test_full_waiting_queue_is_resource_exhausted(start_worker):
     worker = start_worker(max_num_seqs=1, max_model_len=512, service={"max_waiting": 1})
-    long = dict(temperature=0, max_tokens=400, ignore_eos=True)
-    running = worker.stub.Generate(request([3] * 10, **long), timeout=60)
-    next(running)
-    waiting = worker.stub.Generate(request([4] * 10, **long), timeout=60)
-    wait_for(
-        lambda: worker.stub.GetLoad(pb.GetLoadRequest()).num_waiting_requests == 1,
-        what="a waiting request",
-    )
+    running, waiting = one_running_one_waiting(worker, [3] * 10, [4] * 10)
     with pytest.raises(grpc.RpcError) as caught:
         list(worker.stub.Generate(request([5] * 10, max_tokens=2), timeout=30))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -156,4 +154,20 @@ def test_draining_worker_refuses_new_requests_unavailable(start_worker):
     # The in-flight request finishes whole.
     rest = list(call)
     assert sum(len(o.token_ids) for r in rest for o in r.outputs) == 59
+    future.result(30)
+
+
+def test_drain_timeout_fails_what_is_left_unavailable(start_worker):
+    worker = start_worker(max_model_len=1024)
+    call = worker.stub.Generate(
+        request([3] * 10, temperature=0, max_tokens=990, ignore_eos=True), timeout=60
+    )
+    next(call)
+    future = asyncio.run_coroutine_threadsafe(
+        worker.server.drain_and_stop(timeout=0.2), worker.loop
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        list(call)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shut down before the request finished" in caught.value.details()
     future.result(30)

@@ -7,8 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from shared.block_hash import BLOCK_HASH_SCHEME
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
-from tests.conftest import random_prompts, wait_for
-from tests.worker.service.conftest import generate, pool_is_idle, request
+from tests.conftest import random_prompts
+from tests.worker.service.conftest import (
+    generate,
+    load_when,
+    one_running_one_waiting,
+    pool_is_idle,
+)
 
 LENGTHS = [1, 2, 3, 5, 7, 8, 9, 12, 15, 16, 17, 20, 23, 24, 25, 30] * 2
 
@@ -125,14 +130,10 @@ def test_load_rises_while_requests_run_and_falls_back(start_worker):
     ]
     for t in threads:
         t.start()
-    busy = wait_for(
-        lambda: (
-            load
-            if (load := worker.stub.GetLoad(pb.GetLoadRequest())).num_running_requests == 3
-            and load.decode_tokens_per_second > 0
-            else None
-        ),
-        what="three running requests in GetLoad",
+    busy = load_when(
+        worker,
+        lambda load: load.num_running_requests == 3 and load.decode_tokens_per_second > 0,
+        "three running requests in GetLoad",
     )
     assert busy.num_kv_blocks_used >= sum(-(-len(p) // 4) for p in prompts)
     assert busy.num_active_streams == 3 and busy.prefill_tokens_per_second > 0
@@ -150,19 +151,10 @@ def test_load_rises_while_requests_run_and_falls_back(start_worker):
 
 def test_queued_prefill_tokens_count_waiting_prompts(start_worker):
     worker = start_worker(max_num_seqs=1, max_model_len=512)
-    long_call = worker.stub.Generate(
-        request([5] * 8, temperature=0, max_tokens=400, ignore_eos=True), timeout=60
+    running, waiting = one_running_one_waiting(
+        worker, [5] * 8, [6] * 30, temperature=0, max_tokens=1
     )
-    next(long_call)  # running now
-    waiting_call = worker.stub.Generate(request([6] * 30, temperature=0, max_tokens=1), timeout=60)
-    load = wait_for(
-        lambda: (
-            load
-            if (load := worker.stub.GetLoad(pb.GetLoadRequest())).num_waiting_requests == 1
-            else None
-        ),
-        what="one waiting request",
-    )
+    load = worker.stub.GetLoad(pb.GetLoadRequest())
     assert load.num_running_requests == 1 and load.num_queued_prefill_tokens == 30
-    long_call.cancel()
-    assert len(list(waiting_call)) == 1
+    running.cancel()
+    assert len(list(waiting)) == 1
