@@ -141,3 +141,18 @@ def test_every_start_is_a_new_epoch(start_worker, redis_url, redis_prefix):
     assert new.worker_id == "w1" and new.epoch > old.epoch
     assert prefix_match_blocks(client, keys, [new], [*prompt, 1]) == {"w1": 0}
     assert second.server.identity.epoch == new.epoch
+
+
+def test_worker_started_before_redis_registers_once_it_comes(start_worker, redis_prefix):
+    if not RedisServer.available():
+        pytest.skip("needs the redis-server binary")
+    server = RedisServer()  # not started yet
+    try:
+        worker = start_registered(start_worker, server.url, redis_prefix)
+        assert len(generate(worker.stub, [3] * 8, max_tokens=2).token_ids()) == 2
+        server.start()
+        client, keys = redis.Redis.from_url(server.url), RegistryKeys(redis_prefix)
+        wait_for(lambda: live_workers(client, keys), timeout=30, what="a late registration")
+        wait_for(lambda: len(owned(client, keys, worker)) == 2, timeout=30, what="ownership")
+    finally:
+        server.stop()
