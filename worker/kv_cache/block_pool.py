@@ -51,6 +51,8 @@ class BlockPool:
             (b.block_id, b) for b in self.blocks
         )
         self._cached: dict[BlockHash, KVBlock] = {}
+        # Kept incrementally: per-step stats must not scan every block.
+        self.num_cached_free_blocks = 0
         self.record_events = record_events
         self._events: list[KVCacheEvent] = []
 
@@ -73,6 +75,7 @@ class BlockPool:
         for _ in range(num_blocks):
             _, block = self._free_queue.popitem(last=False)
             if block.block_hash is not None:
+                self.num_cached_free_blocks -= 1
                 self._evict(block)
             block.ref_cnt = 1
             blocks.append(block)
@@ -83,6 +86,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free_queue[block.block_id]
+                self.num_cached_free_blocks -= 1  # only cached blocks are hit
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
@@ -92,6 +96,8 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._free_queue[block.block_id] = block
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks += 1
 
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> None:
         """Make `block` findable by `block_hash`. If another block already holds that
@@ -115,6 +121,7 @@ class BlockPool:
             return False
         for block in list(self._cached.values()):
             self._evict(block)
+        self.num_cached_free_blocks = 0
         return True
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -132,3 +139,5 @@ class BlockPool:
             assert block.block_hash == block_hash, "cache index out of sync"
         hashed = sum(b.block_hash is not None for b in self.blocks)
         assert hashed == len(self._cached), "hashed block missing from the cache index"
+        cached_free = sum(b.block_hash is not None for b in self._free_queue.values())
+        assert cached_free == self.num_cached_free_blocks, "cached-free count out of sync"

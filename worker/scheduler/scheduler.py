@@ -221,9 +221,7 @@ class Scheduler:
             num_scheduled_tokens=num_scheduled_tokens,
             num_kv_blocks_total=pool.num_blocks,
             num_kv_blocks_used=self.kv.num_used_blocks,
-            num_kv_blocks_cached_free=sum(
-                1 for b in pool.blocks if b.ref_cnt == 0 and b.block_hash is not None
-            ),
+            num_kv_blocks_cached_free=pool.num_cached_free_blocks,
             kv_slots_allocated=self.kv.num_slots_allocated(),
             kv_tokens_held=sum(r.num_computed_tokens for r in self.running),
             prefix_cache_queries=self.kv.prefix_cache_queries,
