@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from shared.logging import configure_logging
@@ -38,6 +39,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Before torch is imported (it reads this once): large CPU tensors, the model
+    # weights among them, go in transparent huge pages, which cuts TLB misses.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = build_parser(argv).parse_args(argv)
     configure_logging(args.log_level)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])

@@ -16,6 +16,7 @@ from worker.engine.outputs import TokenLogprobs
 from worker.layers.attention import Attention
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
+from worker.runner.kv_memory import allocate_kv_pool
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata
 from worker.runner.step_inputs import StepInputs, build_step_inputs
@@ -57,8 +58,8 @@ class ModelRunner:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
             # [num_blocks, block_size, num_kv_heads, head_dim] each
             kv = (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                allocate_kv_pool(shape, self.dtype, self.device),
+                allocate_kv_pool(shape, self.dtype, self.device),
             )
             self.kv_caches.append(kv)
             layer.kv_cache = kv
