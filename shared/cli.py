@@ -16,6 +16,7 @@ from shared.logging import configure_logging
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("worker.generate_cli", "Generate offline from prompts with the engine."),
+    "worker": ("worker.service.cli", "Serve one model over gRPC (token ids in, token ids out)."),
 }
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 
 from bench.checkpoints import build_random_checkpoint
+from tests.redis_server import RedisServer, answers
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +60,47 @@ def hf_greedy():
     return generate
 
 
+@pytest.fixture(scope="session")
+def redis_url():
+    """A real Redis: the one on 127.0.0.1:6379 if it answers, else our own redis-server."""
+    if answers(DEFAULT_REDIS_URL):
+        yield DEFAULT_REDIS_URL
+        return
+    if not RedisServer.available():
+        pytest.skip("no Redis on 127.0.0.1:6379 and no redis-server binary to start one")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_prefix(redis_url):
+    """A key prefix of this test's own; its keys are deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 def random_prompts(lengths: list[int], vocab_size: int = 512, seed: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     # Ids from 3 up: 0-2 are special tokens.
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.01, what: str = "condition"):
+    """Poll until predicate() is truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,64 @@
+"""A cancelled, timed-out or abandoned stream aborts its request and frees its blocks."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
+from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
+from tests.conftest import random_prompts
+from tests.worker.service.conftest import generate, pool_is_idle, request, wait_for
+
+LONG = dict(temperature=0, max_tokens=480, ignore_eos=True)
+
+
+def pool_state(engine) -> tuple[int, int]:
+    pool = engine.core.scheduler.kv.pool
+    pool.check_integrity()
+    return pool.num_free_blocks, pool.num_blocks
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline", "disconnect"])
+def test_an_ended_call_frees_its_blocks(start_worker, how):
+    worker = start_worker(max_model_len=512)
+    start = worker.on_engine(pool_state)
+    assert start[0] == start[1]
+    prompt = random_prompts([30], seed=21)[0]
+    channel = grpc.insecure_channel(worker.address)
+    stub = pb_grpc.WorkerServiceStub(channel)
+    call = stub.Generate(request(prompt, **LONG), timeout=0.5 if how == "deadline" else 60)
+    received = [next(call), next(call)]  # mid-stream: the request holds blocks
+    assert worker.stub.GetLoad(pb.GetLoadRequest()).num_kv_blocks_used > 0
+    if how == "cancel":
+        call.cancel()
+    elif how == "disconnect":
+        channel.close()
+    else:
+        with pytest.raises(grpc.RpcError) as caught:
+            received.extend(call)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    num_tokens = sum(len(o.token_ids) for r in received for o in r.outputs)
+    assert num_tokens < LONG["max_tokens"]  # it really ended early
+    wait_for(lambda: worker.on_engine(pool_is_idle), what="the blocks to return to the pool")
+    assert worker.on_engine(pool_state) == start
+    load = worker.stub.GetLoad(pb.GetLoadRequest())
+    assert load.num_running_requests == 0 and load.num_active_streams == 0
+    # The worker serves on.
+    assert len(generate(worker.stub, prompt, temperature=0, max_tokens=3).token_ids()) == 3
+    channel.close()
+
+
+def test_cancel_of_a_waiting_request_frees_its_place(start_worker):
+    worker = start_worker(max_num_seqs=1, max_model_len=512)
+    running = worker.stub.Generate(request([9] * 20, **LONG), timeout=60)
+    next(running)
+    waiting = worker.stub.Generate(request([8] * 20, **LONG), timeout=60)
+    wait_for(
+        lambda: worker.stub.GetLoad(pb.GetLoadRequest()).num_waiting_requests == 1,
+        what="a waiting request",
+    )
+    waiting.cancel()
+    running.cancel()
+    wait_for(lambda: worker.on_engine(pool_is_idle), what="an idle pool")
+    assert worker.stub.GetLoad(pb.GetLoadRequest()).num_waiting_requests == 0

@@ -1,0 +1,67 @@
+"""`pagoda worker --model M --port P [engine flags]`: serve one model over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from shared.cli_args import add_dataclass_args, dataclass_from_args
+from shared.errors import ConfigError, UnavailableError
+from shared.logging import get_logger
+from worker.config import EngineConfig
+from worker.service.config import WorkerServiceConfig
+
+logger = get_logger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    EngineConfig.add_cli_args(parser, positional_model=False)
+    add_dataclass_args(parser, WorkerServiceConfig)
+
+
+async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int:
+    """Serve until SIGTERM or SIGINT, then drain; a second signal stops waiting."""
+    from worker.service.server import WorkerServer
+
+    server = WorkerServer(engine_config, config)
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            logger.warning("second signal: not waiting for in-flight requests")
+            server.hub.fail_all(UnavailableError("the worker was stopped"))
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
+    await stop.wait()
+    logger.info("shutting down")
+    await server.drain_and_stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        engine_config = EngineConfig.from_cli_args(args)
+        config = dataclass_from_args(WorkerServiceConfig, args)
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # Windows: the default event loop
+        runner = asyncio.run
+    try:
+        return runner(serve(engine_config, config))
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2

@@ -1,0 +1,237 @@
+"""The engine's own thread: it alone touches the engine, stepping while there is work.
+
+```
+event loop ──submit/abort/call──► inbox (SimpleQueue) ──► engine thread
+                                                              │ engine.step()
+event loop ◄──call_soon_threadsafe(deliver, batch)────────────┘ once per step
+```
+
+Requests, aborts and calls reach the thread through one thread-safe queue, so
+the event loop never waits on a step. Each step's results go back in one
+batch of `(engine_id, payload)` pairs, where payload is the request's deltas
+of this step or the exception that ended it. When nothing is running, the
+thread blocks on the queue instead of spinning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import CapacityError, PagodaError
+from shared.logging import get_logger
+from worker.engine.llm_engine import LLMEngine
+from worker.engine.outputs import RequestDelta
+from worker.engine.sampling_params import SamplingParams
+from worker.kv_cache.block_pool import KVCacheEvent
+from worker.service.load import LoadTracker, queued_prefill_tokens
+
+logger = get_logger(__name__)
+
+Payload = list[RequestDelta] | BaseException
+Batch = list[tuple[str, Payload]]
+
+
+class EngineFailure(PagodaError):
+    """A step raised; every request in the engine at that moment is failed."""
+
+
+@dataclass
+class _Add:
+    engine_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    cache_salt: bytes | None
+
+
+@dataclass
+class _Abort:
+    engine_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[LLMEngine], Any]
+    future: Future
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[Batch], None],
+        load: LoadTracker,
+        max_waiting: int,
+        on_kv_events: Callable[[Sequence[KVCacheEvent]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._loop = loop
+        self._deliver = deliver
+        self._load = load
+        self._max_waiting = max_waiting
+        self._on_kv_events = on_kv_events
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: Batch = []
+        # engine id -> samples not finished yet
+        self._unfinished: dict[str, int] = {}
+        self._stopping = False
+        self._is_load_stale = False
+        # Set when a failed step left the engine in a state it cannot vouch for.
+        self.is_broken = False
+        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
+
+    # ---- called from other threads --------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(
+        self,
+        engine_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        cache_salt: bytes | None = None,
+    ) -> None:
+        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt))
+
+    def abort(self, engine_id: str) -> None:
+        self._inbox.put(_Abort(engine_id))
+
+    def call(self, fn: Callable[[LLMEngine], Any]) -> Future:
+        """Run `fn(engine)` on the engine thread between steps; its result comes back
+        in the returned future."""
+        future: Future = Future()
+        self._inbox.put(_Call(fn, future))
+        return future
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._inbox.put(_STOP)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
+
+    # ---- the engine thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            if not engine.has_unfinished_requests():
+                self._handle(self._inbox.get())  # idle: block until there is news
+            while not self._stopping:
+                try:
+                    command = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle(command)
+            if self._stopping:
+                break
+            if engine.has_unfinished_requests():
+                self._step()
+            elif self._is_load_stale:  # e.g. the last request was aborted: no step follows
+                self._load.record_step(engine.core.scheduler.make_stats(), 0, 0)
+            self._is_load_stale = False
+            self._flush()
+
+    def _handle(self, command: object) -> None:
+        if command is _STOP:
+            self._stopping = True
+        elif isinstance(command, _Add):
+            self._add(command)
+        elif isinstance(command, _Abort):
+            if self._unfinished.pop(command.engine_id, None) is not None:
+                self.engine.abort_request(command.engine_id)
+                self._is_load_stale = True
+        elif isinstance(command, _Call):
+            try:
+                command.future.set_result(command.fn(self.engine))
+            except BaseException as exc:
+                command.future.set_exception(exc)
+
+    def _add(self, command: _Add) -> None:
+        num_waiting = len(self.engine.core.scheduler.waiting)
+        if num_waiting + command.params.n > self._max_waiting:
+            self._outbox.append(
+                (
+                    command.engine_id,
+                    CapacityError(
+                        f"the waiting queue is full ({num_waiting} waiting, --max-waiting "
+                        f"{self._max_waiting}); retry later or on another worker"
+                    ),
+                )
+            )
+            return
+        try:
+            self.engine.add_request(
+                command.engine_id,
+                command.prompt_token_ids,
+                command.params,
+                priority=command.priority,
+                cache_salt=command.cache_salt,
+            )
+        except Exception as exc:  # validated before, so this is rare; the stream gets it
+            self._outbox.append((command.engine_id, exc))
+            return
+        self._unfinished[command.engine_id] = command.params.n
+
+    def _step(self) -> None:
+        try:
+            output = self.engine.step()
+        except Exception as exc:
+            self._fail_all(exc)
+            return
+        by_request: dict[str, list[RequestDelta]] = {}
+        num_output_tokens = 0
+        for delta in output.deltas:
+            by_request.setdefault(delta.request_id, []).append(delta)
+            num_output_tokens += len(delta.new_token_ids)
+            if delta.finished:
+                left = self._unfinished.get(delta.request_id, 1) - 1
+                if left > 0:
+                    self._unfinished[delta.request_id] = left
+                else:
+                    self._unfinished.pop(delta.request_id, None)
+        self._outbox.extend(by_request.items())
+        self._load.record_step(
+            output.stats, num_output_tokens, queued_prefill_tokens(self.engine.core.scheduler)
+        )
+        if output.kv_events and self._on_kv_events is not None:
+            self._on_kv_events(output.kv_events)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A failed step fails every request in the engine, frees their blocks, and
+        keeps serving if the block pool is still sound."""
+        logger.exception("engine step failed; failing %d requests", len(self._unfinished))
+        error = EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}")
+        for engine_id in list(self._unfinished):
+            self._outbox.append((engine_id, error))
+        try:
+            for engine_id in list(self._unfinished):
+                self.engine.abort_request(engine_id)
+            self.engine.core.scheduler.kv.pool.check_integrity()
+            if self.engine.has_unfinished_requests():
+                raise RuntimeError("requests left in the engine after aborting all of them")
+        except Exception:
+            logger.exception("the engine could not recover; refusing new requests")
+            self.is_broken = True
+        self._unfinished.clear()
+        stats = self.engine.core.scheduler.make_stats()
+        self._load.record_step(stats, 0, 0)
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        # RuntimeError: the event loop closed under us while shutting down.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._deliver, batch)
