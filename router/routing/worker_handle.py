@@ -1,0 +1,182 @@
+"""One worker as a router sees it: its channel, what it serves, whether it is
+SERVING, how loaded it is, and what this router has sent it lately.
+
+Two tasks keep it current:
+
+* **watch**: GetModelInfo, then the gRPC health Watch stream. A worker that
+  drains says NOT_SERVING at once; one that dies breaks the stream at once.
+  Either way it gets no more traffic until a new watch finds it SERVING.
+* **load**: GetLoad every `--load-interval`. Three failed polls in a row (a
+  worker that hangs without closing its connection) count as not serving.
+
+The queue estimate adds to the last report the prompt tokens this router sent
+after that report was asked for and that have not produced a first token
+yet (the report cannot know them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from router.routing.store import WorkerKey
+from shared.block_hash import BLOCK_HASH_SCHEME
+from shared.logging import get_logger
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
+from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as wpb_grpc
+
+logger = get_logger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 2**20  # as the worker allows: prompt logprobs of long prompts
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect fast after a worker restarts on the same address.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+MAX_FAILED_LOAD_POLLS = 3
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class WorkerHandle:
+    def __init__(
+        self,
+        address: str,
+        registry_id: str | None,
+        load_interval: float,
+        on_change: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.address = address
+        self.registry_id = registry_id  # the id the Redis registry lists it under; None: static
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = wpb_grpc.WorkerServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._load_interval = load_interval
+        self._on_change = on_change
+        self.info: wpb.GetModelInfoResponse | None = None
+        self.is_serving = False
+        self.load = wpb.GetLoadResponse()
+        self._load_asked_at = 0.0
+        self._tickets = itertools.count()
+        # ticket -> (monotonic time sent, prompt tokens to prefill); until the first token
+        self._pending: dict[int, tuple[float, int]] = {}
+        self.num_in_flight = 0
+        self.num_sent = 0
+        self._watch_call: grpc.aio.UnaryStreamCall | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id if self.info else (self.registry_id or self.address)
+
+    @property
+    def key(self) -> WorkerKey:
+        info = self.info
+        assert info is not None, "no model info yet"
+        return WorkerKey(
+            info.worker_id,
+            info.epoch,
+            info.block_size,
+            info.enable_prefix_caching and info.block_hash_scheme == BLOCK_HASH_SCHEME,
+        )
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._poll_load())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._set_serving(False)
+        await self.channel.close()
+
+    # ---- what this router sends it ----------------------------------------------
+
+    def begin(self, num_prefill_tokens: int) -> int:
+        ticket = next(self._tickets)
+        self._pending[ticket] = (time.monotonic(), num_prefill_tokens)
+        self.num_in_flight += 1
+        self.num_sent += 1
+        return ticket
+
+    def first_token(self, ticket: int) -> None:
+        self._pending.pop(ticket, None)
+
+    def end(self, ticket: int) -> None:
+        self._pending.pop(ticket, None)
+        self.num_in_flight -= 1
+
+    @property
+    def num_queued_tokens(self) -> int:
+        unreported = sum(n for sent, n in self._pending.values() if sent >= self._load_asked_at)
+        return self.load.num_queued_prefill_tokens + unreported
+
+    @property
+    def num_running(self) -> int:
+        return self.load.num_running_requests
+
+    def mark_failed(self) -> None:
+        """A call failed as if the worker were gone: no traffic until a fresh health
+        watch finds it SERVING (the watch only speaks on changes, so restart it)."""
+        self._set_serving(False)
+        if self._watch_call is not None:
+            self._watch_call.cancel()
+
+    # ---- keeping current -----------------------------------------------------------
+
+    def _set_serving(self, is_serving: bool) -> None:
+        if is_serving != self.is_serving:
+            self.is_serving = is_serving
+            logger.info(
+                "worker %s at %s is %s",
+                self.worker_id,
+                self.address,
+                "SERVING" if is_serving else "not serving",
+            )
+            self._on_change(self)
+
+    async def _watch(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                info = await self.stub.GetModelInfo(wpb.GetModelInfoRequest(), timeout=5)
+                if self.info is None or info.epoch != self.info.epoch:
+                    self.info, self.load = info, wpb.GetLoadResponse()
+                    self._on_change(self)
+                self._watch_call = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
+                async for status in self._watch_call:
+                    self._set_serving(status.status == _SERVING)
+                    backoff = 0.1
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED:
+                    logger.debug("worker %s: %s", self.address, exc.details())
+            self._watch_call = None
+            self._set_serving(False)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _poll_load(self) -> None:
+        failures = 0
+        while True:
+            await asyncio.sleep(self._load_interval)
+            if self.info is None:
+                continue
+            asked_at = time.monotonic()
+            try:
+                self.load = await self.stub.GetLoad(
+                    wpb.GetLoadRequest(), timeout=max(1.0, 2 * self._load_interval)
+                )
+            except grpc.aio.AioRpcError:
+                failures += 1
+                if failures >= MAX_FAILED_LOAD_POLLS and self.is_serving:
+                    logger.warning("worker %s stopped answering; not routing to it", self.address)
+                    self.mark_failed()
+                continue
+            failures = 0
+            self._load_asked_at = asked_at
