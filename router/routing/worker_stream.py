@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from router.routing.dispatcher import WorkerJob
 
 
+class WorkerFailedError(UnavailableError):
+    """The worker failed after its first response: what it sent stands, the rest is lost."""
+
+
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> PagodaError:
     """A worker's status as the error it means (shared/errors.py)."""
     code, details = exc.code(), exc.details() or ""
@@ -103,7 +107,9 @@ class WorkerStream:
                 try:
                     response = await self._call.read()
                 except grpc.aio.AioRpcError as exc:
-                    raise UnavailableError(
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        self.handle.mark_failed()
+                    raise WorkerFailedError(
                         f"worker {self.worker_id} failed after the response started "
                         f"({exc.code().name}: {exc.details()}); the output is incomplete"
                     ) from exc
