@@ -84,6 +84,13 @@ class RouterConfig:
             "choices": ROUTING_POLICIES,
         },
     )
+    affinity_threshold: float = field(
+        default=0.3,
+        metadata={
+            "help": "Fraction of the prompt a cached prefix must cover to count; shorter "
+            "ones (a shared template head) do not pull requests to one worker."
+        },
+    )
     choice_ttl: float | None = field(
         default=None,
         metadata={
@@ -123,6 +130,10 @@ class RouterConfig:
             )
         for name in ("choice_ttl", "load_interval", "discovery_interval"):
             _positive(name, getattr(self, name))
+        if not 0 <= self.affinity_threshold <= 1:
+            raise ConfigError(
+                f"--affinity-threshold must be in [0, 1], got {self.affinity_threshold}"
+            )
         _positive("max_attempts", self.max_attempts)
         _positive("tokenizer_threads", self.tokenizer_threads)
         if self.shutdown_timeout < 0:

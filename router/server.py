@@ -77,7 +77,11 @@ class RouterServer:
         self._is_loading_model = False
 
     async def start(self) -> None:
-        self.metrics.store_up.labels(self.store.name).set(1)
+        # Read when scraped, so they are never stale.
+        self.metrics.store_up.labels(self.store.name).set_function(
+            lambda: float(self.store.is_available)
+        )
+        self.metrics.workers_serving.set_function(lambda: float(len(self.pool.serving())))
         await self._set_health(_NOT_SERVING)
         await self.pool.start()
         self._tasks.append(asyncio.create_task(self._track_health()))

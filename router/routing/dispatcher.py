@@ -137,13 +137,15 @@ class Dispatcher:
             policy.Candidate(
                 h.worker_id,
                 num_matched_tokens=matched.get(h.worker_id, 0) * h.key.block_size,
-                num_queued_tokens=h.num_queued_tokens,
-                num_running=h.num_running,
+                num_queued_tokens=h.load.num_queued_tokens,
+                num_running=h.load.num_running,
                 num_sent=h.num_sent,
             )
             for h in handles
         ]
-        decision = policy.choose(candidates, len(prompt.token_ids), fallback)
+        decision = policy.choose(
+            candidates, len(prompt.token_ids), fallback, self._config.affinity_threshold
+        )
         self._metrics.routing_decisions.labels(decision.reason).inc()
         return by_id[decision.worker_id], decision
 

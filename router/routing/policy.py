@@ -15,10 +15,17 @@ owner's queue is longer than the prefix is worth; then a second worker takes
 the prompt and the hot prefix is replicated. Cache misses go where the
 queues are shortest; among equal costs, to the worker this router has sent
 the fewest requests, so an idle cluster still spreads them.
+
+NOTE: a prefix shorter than `affinity_threshold` of the prompt does not
+count (as in SGLang's cache-aware router): a head every prompt shares, such
+as a chat template's opening or a short system prompt, would otherwise pull
+every new conversation to the first worker that saw it, and the
+conversations would stay there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,12 +64,18 @@ def estimate_cost(candidate: Candidate, num_prompt_tokens: int) -> int:
 
 
 def choose(
-    candidates: Sequence[Candidate], num_prompt_tokens: int, fallback_reason: str | None = None
+    candidates: Sequence[Candidate],
+    num_prompt_tokens: int,
+    fallback_reason: str | None = None,
+    affinity_threshold: float = 0.0,
 ) -> Decision:
     """Pick the cheapest candidate. `fallback_reason` (LOAD or NO_STORE) says the
     matches are unknown (every num_matched_tokens is 0) and labels the decision."""
     if not candidates:
         raise ValueError("no candidates to choose from")
+    longest = max(c.num_matched_tokens for c in candidates)
+    if longest < affinity_threshold * num_prompt_tokens:  # too short to matter: a miss
+        candidates = [dataclasses.replace(c, num_matched_tokens=0) for c in candidates]
     costs = {c.worker_id: estimate_cost(c, num_prompt_tokens) for c in candidates}
     best = min(candidates, key=lambda c: (costs[c.worker_id], c.num_sent, c.worker_id))
     if fallback_reason is not None:

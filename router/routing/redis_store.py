@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -36,7 +37,7 @@ from router.routing.store import (
 )
 from shared.block_hash import BlockHash
 from shared.logging import get_logger
-from shared.registry import RegistryKeys, WorkerInfo, live_workers, make_client, now_ms
+from shared.registry import RegistryKeys, WorkerInfo, live_workers, now_ms
 
 logger = get_logger(__name__)
 
@@ -57,15 +58,23 @@ class RedisStore(AffinityStore):
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url
         self.keys = RouterKeys(prefix)
+        # NOTE: one immediate retry on a broken connection, none on a timeout: after a
+        # Redis restart every pooled connection is dead, and each would otherwise fail
+        # one query (and mark Redis down again) before being replaced.
         self._client = aioredis.Redis.from_url(
             url,
             socket_timeout=QUERY_TIMEOUT_S,
             socket_connect_timeout=QUERY_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),
+            retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
-        # The registry reader is the workers' shared, synchronous one: it runs in a
-        # thread, once per refresh, never on a request's path.
-        self._sync_client = make_client(url, timeout_s=1.0)
+        # The registry is read with the shared, synchronous reader, in a thread, once
+        # per refresh, never on a request's path.
+        self._sync_client = redis.Redis.from_url(
+            url,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        )
         self._is_available = True
 
     @property

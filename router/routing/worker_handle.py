@@ -9,21 +9,20 @@ Two tasks keep it current:
 * **load**: GetLoad every `--load-interval`. Three failed polls in a row (a
   worker that hangs without closing its connection) count as not serving.
 
-The queue estimate adds to the last report the prompt tokens this router sent
-after that report was asked for and that have not produced a first token
-yet (the report cannot know them).
+Its load is the last report corrected by this router's own requests since
+(routing/load_estimate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.routing.load_estimate import LoadEstimate
 from router.routing.store import WorkerKey
 from shared.block_hash import BLOCK_HASH_SCHEME
 from shared.logging import get_logger
@@ -61,11 +60,7 @@ class WorkerHandle:
         self._on_change = on_change
         self.info: wpb.GetModelInfoResponse | None = None
         self.is_serving = False
-        self.load = wpb.GetLoadResponse()
-        self._load_asked_at = 0.0
-        self._tickets = itertools.count()
-        # ticket -> (monotonic time sent, prompt tokens to prefill); until the first token
-        self._pending: dict[int, tuple[float, int]] = {}
+        self.load = LoadEstimate()
         self.num_in_flight = 0
         self.num_sent = 0
         self._watch_call: grpc.aio.UnaryStreamCall | None = None
@@ -98,28 +93,17 @@ class WorkerHandle:
 
     # ---- what this router sends it ----------------------------------------------
 
-    def begin(self, num_prefill_tokens: int) -> int:
-        ticket = next(self._tickets)
-        self._pending[ticket] = (time.monotonic(), num_prefill_tokens)
+    def begin(self, num_prefill_tokens: int, num_seqs: int) -> int:
         self.num_in_flight += 1
         self.num_sent += 1
-        return ticket
+        return self.load.sent(num_prefill_tokens, num_seqs, time.monotonic())
 
     def first_token(self, ticket: int) -> None:
-        self._pending.pop(ticket, None)
+        self.load.first_token(ticket, time.monotonic())
 
     def end(self, ticket: int) -> None:
-        self._pending.pop(ticket, None)
+        self.load.ended(ticket, time.monotonic())
         self.num_in_flight -= 1
-
-    @property
-    def num_queued_tokens(self) -> int:
-        unreported = sum(n for sent, n in self._pending.values() if sent >= self._load_asked_at)
-        return self.load.num_queued_prefill_tokens + unreported
-
-    @property
-    def num_running(self) -> int:
-        return self.load.num_running_requests
 
     def mark_failed(self) -> None:
         """A call failed as if the worker were gone: no traffic until a fresh health
@@ -147,7 +131,7 @@ class WorkerHandle:
             try:
                 info = await self.stub.GetModelInfo(wpb.GetModelInfoRequest(), timeout=5)
                 if self.info is None or info.epoch != self.info.epoch:
-                    self.info, self.load = info, wpb.GetLoadResponse()
+                    self.info, self.load = info, LoadEstimate()
                     self._on_change(self)
                 self._watch_call = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
                 async for status in self._watch_call:
@@ -169,7 +153,7 @@ class WorkerHandle:
                 continue
             asked_at = time.monotonic()
             try:
-                self.load = await self.stub.GetLoad(
+                report = await self.stub.GetLoad(
                     wpb.GetLoadRequest(), timeout=max(1.0, 2 * self._load_interval)
                 )
             except grpc.aio.AioRpcError:
@@ -179,4 +163,4 @@ class WorkerHandle:
                     self.mark_failed()
                 continue
             failures = 0
-            self._load_asked_at = asked_at
+            self.load.update(report, asked_at)

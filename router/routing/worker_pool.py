@@ -89,7 +89,6 @@ class WorkerPool:
                     info.served_model_name,
                     self.model_name,
                 )
-        self._metrics.workers_serving.set(len(self.serving()))
         self.changed.set()
 
     async def _refresh_loop(self) -> None:
@@ -97,7 +96,6 @@ class WorkerPool:
             await asyncio.sleep(self._config.discovery_interval)
             if not self._store.is_available:
                 await self._store.probe()
-            self._metrics.store_up.labels(self._store.name).set(int(self._store.is_available))
             if self._store.has_registry and self._store.is_available:
                 await self._refresh_once()
 

@@ -83,7 +83,8 @@ class WorkerStream:
 
     async def start(self, request: wpb.GenerateRequest) -> None:
         """Send the request and wait for the first response (raises AioRpcError)."""
-        self._ticket = self.handle.begin(self._num_prefill_tokens)
+        num_seqs = self.job.params.n if self.job.params.HasField("n") else 1
+        self._ticket = self.handle.begin(self._num_prefill_tokens, num_seqs)
         self._gauge()
         self._call = self.handle.stub.Generate(request)
         try:

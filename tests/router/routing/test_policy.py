@@ -60,3 +60,12 @@ def test_a_fallback_labels_the_decision(reason):
 def test_no_candidates_is_an_error():
     with pytest.raises(ValueError):
         choose([], 8)
+
+
+def test_a_prefix_below_the_threshold_is_a_miss():
+    # 8 of 40 prompt tokens (a shared template head) do not pull the request to "a".
+    workers = [Candidate("a", num_matched_tokens=8, num_sent=1), Candidate("b")]
+    decision = choose(workers, 40, affinity_threshold=0.3)
+    assert (decision.worker_id, decision.reason, decision.num_matched_tokens) == ("b", MISS, 0)
+    workers = [Candidate("a", num_matched_tokens=12, num_sent=1), Candidate("b")]
+    assert choose(workers, 40, affinity_threshold=0.3).reason == AFFINITY
