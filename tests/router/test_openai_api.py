@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
+import httpx
 import pytest
 
 from bench.checkpoints import EOS_TOKEN_ID
+from tests.conftest import wait_for
 from tests.router.conftest import MODEL
 
 PROMPT = "Café, naïve: 中文字符 🚀 and"
@@ -174,3 +177,25 @@ def test_the_async_client_streams_concurrently(served):
 
     wholes, streams = asyncio.run(scenario())
     assert wholes == streams
+
+
+def test_a_client_that_goes_away_cancels_its_worker_request(served):
+    """Cancellation goes end to end: the router's call to the worker ends with the client."""
+    body = {
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    with httpx.Client(base_url=served.base_url, headers=served.headers, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert in_flight(http) == 1
+        # The connection closed long before 200 tokens.
+        wait_for(lambda: in_flight(http) == 0, timeout=10, what="the worker call to end")
+        metrics = http.get("/metrics").text
+    assert 'pagoda_router_requests_total{api="completions",status="499"}' in metrics
+
+
+def in_flight(http: httpx.Client) -> float:
+    text = http.get("/metrics").text
+    values = re.findall(r"^pagoda_router_worker_in_flight\{[^}]*\} ([0-9.]+)$", text, re.MULTILINE)
+    return sum(float(v) for v in values)
