@@ -55,7 +55,7 @@ class Generation:
         prompts: list[list[int]],
         params: list[wpb.SamplingParams],
         text: TextOptions,
-        cache_salt: bytes | None,
+        cache_salt: str | None,
         arrival: float,
     ) -> None:
         self._model = model
@@ -65,7 +65,7 @@ class Generation:
         self.prompts = prompts
         self.params = params
         self.text = text
-        self.cache_salt = cache_salt
+        self.cache_salt = cache_salt.encode() if cache_salt else None
         self.arrival = arrival
         # One per prompt (max_tokens may differ); n is the same in all.
         self.n = params[0].n if params[0].HasField("n") else 1

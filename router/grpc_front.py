@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -82,6 +82,10 @@ def _logprobs(model: ModelContext, delta: TextDelta) -> list[pb.TokenLogprob]:
     ]
 
 
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+    return dict(context.invocation_metadata() or ()).get("authorization")
+
+
 class RouterServicer(pb_grpc.RouterServiceServicer):
     def __init__(self, state: RouterState) -> None:
         self._state = state
@@ -89,45 +93,34 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionResponse]:
-        arrival = time.monotonic()
-        try:
-            model = self._begin(request.model, request.request_id, context)
+        async def prompt(model: ModelContext) -> list[int]:
             if request.WhichOneof("prompt") == "token_ids":
-                prompt = list(request.token_ids.ids)
-            else:
-                prompt = await model.encode(request.text)
-            generation = await self._start(model, request, [prompt], "prompt", arrival)
-        except Exception as exc:
-            await abort(context, exc, self._counter("grpc_complete"))
-        async for response in self._respond("grpc_complete", model, generation, context):
+                return list(request.token_ids.ids)
+            return await model.encode(request.text)
+
+        async for response in self._serve("grpc_complete", request, context, prompt, "prompt"):
             yield response
 
     async def Chat(
         self, request: pb.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionResponse]:
-        arrival = time.monotonic()
-        try:
-            model = self._begin(request.model, request.request_id, context)
+        async def prompt(model: ModelContext) -> list[int]:
             if not request.messages:
                 raise InvalidRequestError("messages", "must contain at least one message")
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
             add_generation_prompt = (
                 request.add_generation_prompt if request.HasField("add_generation_prompt") else True
             )
-            _, prompt = await model.render_chat(messages, add_generation_prompt)
-            generation = await self._start(model, request, [prompt], "messages", arrival)
-        except Exception as exc:
-            await abort(context, exc, self._counter("grpc_chat"))
-        async for response in self._respond("grpc_chat", model, generation, context):
+            return (await model.render_chat(messages, add_generation_prompt))[1]
+
+        async for response in self._serve("grpc_chat", request, context, prompt, "messages"):
             yield response
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         try:
-            self._state.check_api_key(
-                dict(context.invocation_metadata() or ()).get("authorization")
-            )
+            self._state.check_api_key(_authorization(context))
         except Exception as exc:
             await abort(context, exc)
         model, serving = self._state.model, self._state.pool.serving()
@@ -138,35 +131,38 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
         )
         return pb.ListModelsResponse(models=[card])
 
-    def _begin(
-        self, model_name: str, request_id: str, context: grpc.aio.ServicerContext
-    ) -> ModelContext:
-        self._state.check_api_key(dict(context.invocation_metadata() or ()).get("authorization"))
-        if len(request_id) > MAX_REQUEST_ID_LEN:
-            raise InvalidRequestError("request_id", f"at most {MAX_REQUEST_ID_LEN} characters")
-        return self._state.model_for(model_name)
-
-    async def _start(
+    async def _serve(
         self,
-        model: ModelContext,
+        api: str,
         request: pb.CompleteRequest | pb.ChatRequest,
-        prompts: list[list[int]],
+        context: grpc.aio.ServicerContext,
+        prompt: Callable[[ModelContext], Awaitable[list[int]]],
         what: str,
-        arrival: float,
-    ) -> Generation:
-        params = request.sampling_params
-        fields = sampling_fields(request.model, params)
-        max_tokens = params.max_tokens if params.HasField("max_tokens") else None
-        max_tokens = model.check_prompt(prompts[0], max_tokens, what)
-        logprobs = params.logprobs if params.HasField("logprobs") else None
-        worker_params = sampling_params(fields, model, max_tokens, logprobs)
-        cache_salt = request.cache_salt if request.HasField("cache_salt") else None
-        request_id = request.request_id or f"grpc-{uuid.uuid4().hex}"
-        generation = self._state.generation(
-            model, request_id, prompts, [worker_params], text_options(fields), cache_salt, arrival
-        )
-        await generation.start()
-        return generation
+    ) -> AsyncIterator[pb.CompletionResponse]:
+        """Check, tokenize (`prompt`), start on a worker, then stream the deltas."""
+        arrival = time.monotonic()
+        try:
+            self._state.check_api_key(_authorization(context))
+            if len(request.request_id) > MAX_REQUEST_ID_LEN:
+                raise InvalidRequestError("request_id", f"at most {MAX_REQUEST_ID_LEN} characters")
+            model = self._state.model_for(request.model)
+            prompt_ids = await prompt(model)
+            params = request.sampling_params
+            fields = sampling_fields(request.model, params)
+            max_tokens = params.max_tokens if params.HasField("max_tokens") else None
+            max_tokens = model.check_prompt(prompt_ids, max_tokens, what)
+            logprobs = params.logprobs if params.HasField("logprobs") else None
+            generation = Generation(
+                model, self._state.dispatcher, self._state.metrics,
+                request.request_id or f"grpc-{uuid.uuid4().hex}", [prompt_ids],
+                [sampling_params(fields, model, max_tokens, logprobs)], text_options(fields),
+                request.cache_salt if request.HasField("cache_salt") else None, arrival,
+            )  # fmt: skip
+            await generation.start()
+        except Exception as exc:
+            await abort(context, exc, self._counter(api))
+        async for response in self._respond(api, model, generation, context):
+            yield response
 
     async def _respond(
         self,

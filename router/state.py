@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import hmac
-import time
 from dataclasses import dataclass
 
 from router.config import RouterConfig
 from router.errors import AuthenticationError
-from router.generation import Generation, TextOptions
 from router.metrics import RouterMetrics
 from router.model import ModelContext
 from router.routing.dispatcher import Dispatcher
 from router.routing.worker_pool import WorkerPool
 from shared.errors import ModelNotFoundError, UnavailableError
-from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 
 @dataclass
@@ -51,25 +48,3 @@ class RouterState:
                 f"the model '{name}' does not exist; this server serves '{self.model.name}'"
             )
         return self.model
-
-    def generation(
-        self,
-        model: ModelContext,
-        request_id: str,
-        prompts: list[list[int]],
-        params: list[wpb.SamplingParams],
-        text: TextOptions,
-        cache_salt: str | None,
-        arrival: float | None = None,
-    ) -> Generation:
-        return Generation(
-            model,
-            self.dispatcher,
-            self.metrics,
-            request_id,
-            prompts,
-            params,
-            text,
-            cache_salt.encode() if cache_salt else None,
-            time.monotonic() if arrival is None else arrival,
-        )

@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.errors import describe, error_body
 from router.generation import Generation
 from router.metrics import CONTENT_TYPE
-from router.openai.chat import chat_events, chat_response, start_chat
-from router.openai.completions import completion_events, completion_response, start_completion
+from router.openai.chat import ChatCompletion
+from router.openai.completions import Completion
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from router.openai.responses import guarded_sse
 from router.routing.worker_stream import WorkerFailedError
@@ -71,39 +71,32 @@ def build_app(state: RouterState) -> FastAPI:
             headers={**headers, **_SSE_HEADERS},
         )
 
-    async def whole(
-        start: Callable[[], Awaitable[Generation]],
-        respond: Callable[[Generation], Awaitable[dict[str, Any]]],
-    ) -> Answer:
+    async def whole(start: Callable[[], Awaitable[Completion | ChatCompletion]]) -> Answer:
         """A non-streamed answer: nothing has reached the client yet, so a worker that
         fails mid-generation is retried elsewhere, as one failing before it would be."""
         for attempt in range(state.config.max_attempts):
-            generation = await start()
+            started = await start()
             try:
-                return await respond(generation), generation
+                return await started.whole(), started.generation
             except WorkerFailedError as exc:
                 if attempt + 1 == state.config.max_attempts:
                     raise
-                logger.warning("request %s: %s; retrying it whole", generation.request_id, exc)
+                logger.warning(
+                    "request %s: %s; retrying it whole", started.generation.request_id, exc
+                )
                 metrics.retries.inc()
             finally:
-                generation.close()
+                started.generation.close()
         raise AssertionError("unreachable")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         async def handle(arrival: float) -> Answer:
             body = parse_request(CompletionRequest, await request.body())
-            echoes: list[str] = []
-
-            async def start() -> Generation:
-                generation, echoes[:] = await start_completion(state, body, arrival)
-                return generation
-
-            if body.stream:
-                generation = await start()
-                return completion_events(state, body, generation, echoes), generation
-            return await whole(start, lambda g: completion_response(state, body, g, echoes))
+            if not body.stream:
+                return await whole(lambda: Completion.start(state, body, arrival))
+            completion = await Completion.start(state, body, arrival)
+            return completion.events(), completion.generation
 
         return await answer("completions", request, handle)
 
@@ -111,12 +104,10 @@ def build_app(state: RouterState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         async def handle(arrival: float) -> Answer:
             body = parse_request(ChatCompletionRequest, await request.body())
-            if body.stream:
-                generation = await start_chat(state, body, arrival)
-                return chat_events(state, body, generation), generation
-            return await whole(
-                lambda: start_chat(state, body, arrival), lambda g: chat_response(state, body, g)
-            )
+            if not body.stream:
+                return await whole(lambda: ChatCompletion.start(state, body, arrival))
+            chat = await ChatCompletion.start(state, body, arrival)
+            return chat.events(), chat.generation
 
         return await answer("chat", request, handle)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,10 +9,11 @@ from typing import Any
 from router.errors import UnsupportedFieldError
 from router.generation import Generation
 from router.openai.protocol import ChatCompletionRequest, TextPart
-from router.openai.responses import SSE_DONE, chat_logprobs, collect, sse, usage_dict
+from router.openai.responses import Envelope, chat_logprobs, collect
 from router.openai.sampling import check_supported, sampling_params, text_options
 from router.state import RouterState
 from shared.errors import InvalidRequestError
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 ROLES = ("system", "user", "assistant", "developer")
 # Keys of a message that belong to tool calling, which Pagoda does not implement.
@@ -57,103 +57,82 @@ def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     return messages
 
 
-async def start_chat(
-    state: RouterState, request: ChatCompletionRequest, arrival: float
-) -> Generation:
-    model = state.model_for(request.model)
-    check_supported(request)
-    if request.top_logprobs is not None and not request.logprobs:
-        raise InvalidRequestError("top_logprobs", "needs logprobs set to true")
-    _, prompt = await model.render_chat(template_messages(request), request.add_generation_prompt)
-    max_tokens = (
-        request.max_completion_tokens
-        if request.max_completion_tokens is not None
-        else request.max_tokens
-    )
-    max_tokens = model.check_prompt(prompt, max_tokens, "messages")
-    logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(request, model, max_tokens, logprobs)
-    generation = state.generation(
-        model,
-        f"chatcmpl-{uuid.uuid4().hex}",
-        [prompt],
-        [params],
-        text_options(request),
-        request.cache_salt,
-        arrival,
-    )
-    await generation.start()
-    return generation
+class ChatCompletion:
+    """One /v1/chat/completions request: its generation and how its choices are written."""
 
+    def __init__(
+        self, state: RouterState, request: ChatCompletionRequest, generation: Generation
+    ) -> None:
+        self.model = state.model_for(request.model)
+        self.request = request
+        self.generation = generation
+        self.include_usage = (
+            request.stream_options is not None and request.stream_options.include_usage
+        )
 
-async def chat_response(
-    state: RouterState, request: ChatCompletionRequest, generation: Generation
-) -> dict[str, Any]:
-    model = state.model_for(request.model)
-    choices = []
-    for result in await collect(generation):
-        choices.append(
+    @classmethod
+    async def start(
+        cls, state: RouterState, request: ChatCompletionRequest, arrival: float
+    ) -> ChatCompletion:
+        """Validate, render the conversation with the chat template, start it on a worker."""
+        model = state.model_for(request.model)
+        check_supported(request)
+        if request.top_logprobs is not None and not request.logprobs:
+            raise InvalidRequestError("top_logprobs", "needs logprobs set to true")
+        messages = template_messages(request)
+        _, prompt = await model.render_chat(messages, request.add_generation_prompt)
+        max_tokens = request.max_completion_tokens
+        max_tokens = model.check_prompt(
+            prompt, request.max_tokens if max_tokens is None else max_tokens, "messages"
+        )
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        generation = Generation(
+            model, state.dispatcher, state.metrics, f"chatcmpl-{uuid.uuid4().hex}", [prompt],
+            [sampling_params(request, model, max_tokens, logprobs)], text_options(request),
+            request.cache_salt, arrival,
+        )  # fmt: skip
+        await generation.start()
+        return cls(state, request, generation)
+
+    def _logprobs(self, entries: list[wpb.TokenLogprob]) -> dict[str, Any] | None:
+        return chat_logprobs(self.model.tokenizer, entries) if self.request.logprobs else None
+
+    async def whole(self) -> dict[str, Any]:
+        choices = [
             {
                 "index": result.index,
                 "message": {"role": "assistant", "content": result.text, "refusal": None},
-                "logprobs": chat_logprobs(model.tokenizer, result.logprobs)
-                if request.logprobs
-                else None,
+                "logprobs": self._logprobs(result.logprobs),
                 "finish_reason": result.finish_reason,
                 "stop_reason": result.stop_reason,
             }
+            for result in await collect(self.generation)
+        ]
+        return Envelope(self.generation, self.model.name, "chat.completion").whole(choices)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """Per choice: a role chunk, content chunks, a finish chunk; then the usage chunk
+        (when asked for) and [DONE], as OpenAI streams them."""
+        envelope = Envelope(
+            self.generation, self.model.name, "chat.completion.chunk", self.include_usage
         )
-    return {
-        "id": generation.request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model.name,
-        "choices": choices,
-        "usage": usage_dict(generation.usage),
-    }
 
+        def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+            return envelope.chunk({**choice, **extra})
 
-async def chat_events(
-    state: RouterState, request: ChatCompletionRequest, generation: Generation
-) -> AsyncIterator[bytes]:
-    """Per choice: a role chunk, content chunks, a finish chunk; then the usage chunk
-    (when asked for) and [DONE], as OpenAI streams them."""
-    model = state.model_for(request.model)
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    created = int(time.time())
-
-    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None, **extra}
-        body: dict[str, Any] = {
-            "id": generation.request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model.name,
-            "choices": [choice],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
-
-    for index in range(generation.n):
-        yield chunk(index, {"role": "assistant", "content": ""})
-    async for delta in generation.deltas():
-        if delta.text or (request.logprobs and delta.token_ids):
-            logprobs = chat_logprobs(model.tokenizer, delta.logprobs) if request.logprobs else None
-            yield chunk(delta.index, {"content": delta.text}, logprobs=logprobs)
-        if delta.finish_reason is not None:
-            yield chunk(
-                delta.index, {}, finish_reason=delta.finish_reason, stop_reason=delta.stop_reason
-            )
-    if include_usage:
-        yield sse(
-            {
-                "id": generation.request_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model.name,
-                "choices": [],
-                "usage": usage_dict(generation.usage),
-            }
-        )
-    yield SSE_DONE
+        for index in range(self.generation.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for delta in self.generation.deltas():
+            if delta.text or (self.request.logprobs and delta.token_ids):
+                logprobs = self._logprobs(delta.logprobs)
+                yield chunk(delta.index, {"content": delta.text}, logprobs=logprobs)
+            if delta.finish_reason is not None:
+                yield chunk(
+                    delta.index,
+                    {},
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                )
+        for event in envelope.end():
+            yield event

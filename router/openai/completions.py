@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from router.generation import Generation
 from router.model import ModelContext
 from router.openai.protocol import CompletionRequest
-from router.openai.responses import (
-    SSE_DONE,
-    collect,
-    completion_logprobs,
-    sse,
-    usage_dict,
-)
+from router.openai.responses import Envelope, collect, completion_logprobs
 from router.openai.sampling import check_supported, sampling_params, text_options
 from router.state import RouterState
 from shared.errors import InvalidRequestError
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 MAX_PROMPTS = 256
 
@@ -48,149 +42,124 @@ async def prompt_token_ids(
     return ids, texts
 
 
-async def start_completion(
-    state: RouterState, request: CompletionRequest, arrival: float
-) -> tuple[Generation, list[str]]:
-    """Validate, tokenize and start; returns the generation and each prompt's echo text."""
-    model = state.model_for(request.model)
-    check_supported(request)
-    prompts, texts = await prompt_token_ids(model, request.prompt)
-    text = text_options(request)
-    logprobs = request.logprobs
-    prompt_logprobs = logprobs if request.echo and logprobs is not None else None
-    params = [
-        sampling_params(
-            request,
-            model,
-            model.check_prompt(p, request.max_tokens, "prompt"),
-            logprobs,
-            prompt_logprobs,
-        )
-        for p in prompts
-    ]
-    generation = state.generation(
-        model, f"cmpl-{uuid.uuid4().hex}", prompts, params, text, request.cache_salt, arrival
-    )
-    await generation.start()
-    echoes = []
-    if request.echo:
-        echoes = [
-            t if t is not None else model.tokenizer.decode(p, request.skip_special_tokens)
-            for t, p in zip(texts, prompts)
+class Completion:
+    """One /v1/completions request: its generation and how its choices are written."""
+
+    def __init__(
+        self,
+        state: RouterState,
+        request: CompletionRequest,
+        generation: Generation,
+        echoes: list[str],
+    ) -> None:
+        self.model = state.model_for(request.model)
+        self.request = request
+        self.generation = generation
+        self.echoes = echoes  # per prompt, when echo is set
+        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        self.envelope = Envelope(generation, self.model.name, "text_completion", include_usage)
+
+    @classmethod
+    async def start(
+        cls, state: RouterState, request: CompletionRequest, arrival: float
+    ) -> Completion:
+        """Validate, tokenize, and start every prompt on a worker."""
+        model = state.model_for(request.model)
+        check_supported(request)
+        prompts, texts = await prompt_token_ids(model, request.prompt)
+        logprobs = request.logprobs
+        prompt_logprobs = logprobs if request.echo and logprobs is not None else None
+        params = [
+            sampling_params(
+                request,
+                model,
+                model.check_prompt(p, request.max_tokens, "prompt"),
+                logprobs,
+                prompt_logprobs,
+            )
+            for p in prompts
         ]
-    return generation, echoes
+        generation = Generation(
+            model, state.dispatcher, state.metrics, f"cmpl-{uuid.uuid4().hex}", prompts, params,
+            text_options(request), request.cache_salt, arrival,
+        )  # fmt: skip
+        await generation.start()
+        echoes = []
+        if request.echo:
+            echoes = [
+                t if t is not None else model.tokenizer.decode(p, request.skip_special_tokens)
+                for t, p in zip(texts, prompts)
+            ]
+        return cls(state, request, generation, echoes)
+
+    def choice_text(
+        self,
+        index: int,
+        text: str,
+        token_ids: Sequence[int],
+        logprobs: Sequence[wpb.TokenLogprob],
+        is_first: bool,
+    ) -> tuple[str, dict[str, Any] | None]:
+        """A choice's text and logprobs, with the prompt in front on its first piece
+        when echo is set."""
+        entries = None
+        if self.request.logprobs is not None:
+            entries = completion_logprobs(self.model.tokenizer, token_ids, logprobs)
+        if not (self.echoes and is_first):
+            return text, entries
+        prompt_index = index // self.generation.n
+        text = self.echoes[prompt_index] + text
+        if entries is not None:
+            prompt = self.generation.prompts[prompt_index]
+            prompt_entries = [None, *self.generation.prompt_logprobs[prompt_index]]
+            echoed = completion_logprobs(self.model.tokenizer, prompt, prompt_entries)
+            entries = _concat_logprobs(echoed, entries)
+        return text, entries
+
+    async def whole(self) -> dict[str, Any]:
+        choices = []
+        for result in await collect(self.generation):
+            text, logprobs = self.choice_text(
+                result.index, result.text, result.token_ids, result.logprobs, is_first=True
+            )
+            choices.append(
+                {
+                    "index": result.index,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": result.finish_reason,
+                    "stop_reason": result.stop_reason,
+                }
+            )
+        return self.envelope.whole(choices)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        started: set[int] = set()
+        async for delta in self.generation.deltas():
+            is_first = delta.index not in started
+            started.add(delta.index)
+            text, logprobs = self.choice_text(
+                delta.index, delta.text, delta.token_ids, delta.logprobs, is_first
+            )
+            if text or (delta.token_ids and logprobs is not None):
+                choice = {"index": delta.index, "text": text, "logprobs": logprobs}
+                yield self.envelope.chunk({**choice, "finish_reason": None})
+            if delta.finish_reason is not None:
+                yield self.envelope.chunk(
+                    {
+                        "index": delta.index,
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": delta.finish_reason,
+                        "stop_reason": delta.stop_reason,
+                    }
+                )
+        for event in self.envelope.end():
+            yield event
 
 
-def _echo_logprobs(
-    model: ModelContext, generation: Generation, prompt_index: int
-) -> dict[str, Any]:
-    prompt = generation.prompts[prompt_index]
-    entries = [None, *generation.prompt_logprobs[prompt_index]]
-    return completion_logprobs(model.tokenizer, prompt, entries)
-
-
-def _merge_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+def _concat_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     offset = sum(len(t) for t in first["tokens"])
     merged = {key: first[key] + second[key] for key in ("tokens", "token_logprobs", "top_logprobs")}
     merged["text_offset"] = first["text_offset"] + [o + offset for o in second["text_offset"]]
     return merged
-
-
-async def completion_response(
-    state: RouterState, request: CompletionRequest, generation: Generation, echoes: list[str]
-) -> dict[str, Any]:
-    model = state.model_for(request.model)
-    results = await collect(generation)
-    choices = []
-    for result in results:
-        prompt_index = result.index // generation.n
-        text, logprobs = result.text, None
-        if request.logprobs is not None:
-            logprobs = completion_logprobs(model.tokenizer, result.token_ids, result.logprobs)
-        if echoes:
-            text = echoes[prompt_index] + text
-            if logprobs is not None:
-                logprobs = _merge_logprobs(
-                    _echo_logprobs(model, generation, prompt_index), logprobs
-                )
-        choices.append(
-            {
-                "index": result.index,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": result.finish_reason,
-                "stop_reason": result.stop_reason,
-            }
-        )
-    return {
-        "id": generation.request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model.name,
-        "choices": choices,
-        "usage": usage_dict(generation.usage),
-    }
-
-
-async def completion_events(
-    state: RouterState, request: CompletionRequest, generation: Generation, echoes: list[str]
-) -> AsyncIterator[bytes]:
-    model = state.model_for(request.model)
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    created = int(time.time())
-    echoed: set[int] = set()
-
-    def chunk(choice: dict[str, Any]) -> bytes:
-        body: dict[str, Any] = {
-            "id": generation.request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model.name,
-            "choices": [choice],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
-
-    async for delta in generation.deltas():
-        prompt_index = delta.index // generation.n
-        text, logprobs = delta.text, None
-        if request.logprobs is not None:
-            logprobs = completion_logprobs(model.tokenizer, delta.token_ids, delta.logprobs)
-        if echoes and delta.index not in echoed:
-            echoed.add(delta.index)
-            text = echoes[prompt_index] + text
-            if logprobs is not None:
-                logprobs = _merge_logprobs(
-                    _echo_logprobs(model, generation, prompt_index), logprobs
-                )
-        if text or (delta.token_ids and logprobs is not None):
-            choice = {
-                "index": delta.index,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": None,
-            }
-            yield chunk(choice)
-        if delta.finish_reason is not None:
-            yield chunk(
-                {
-                    "index": delta.index,
-                    "text": "",
-                    "logprobs": None,
-                    "finish_reason": delta.finish_reason,
-                    "stop_reason": delta.stop_reason,
-                }
-            )
-    if include_usage:
-        yield sse(
-            {
-                "id": generation.request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model.name,
-                "choices": [],
-                "usage": usage_dict(generation.usage),
-            }
-        )
-    yield SSE_DONE

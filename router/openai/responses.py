@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,39 @@ def sse(data: dict[str, Any]) -> bytes:
     return (
         b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
     )
+
+
+class Envelope:
+    """What every object of one answer repeats (id, object type, creation time, model),
+    and the pieces made of it: the whole answer, a chunk, the stream's end."""
+
+    def __init__(
+        self, generation: Generation, model: str, kind: str, include_usage: bool = False
+    ) -> None:
+        self.fields = {
+            "id": generation.request_id,
+            "object": kind,
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._generation = generation
+        self._include_usage = include_usage
+
+    def whole(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**self.fields, "choices": choices, "usage": usage_dict(self._generation.usage)}
+
+    def chunk(self, choice: dict[str, Any]) -> bytes:
+        body: dict[str, Any] = {**self.fields, "choices": [choice]}
+        if self._include_usage:  # OpenAI: null on every chunk but the usage chunk
+            body["usage"] = None
+        return sse(body)
+
+    def end(self) -> Iterator[bytes]:
+        """The usage-only chunk (when asked for), then [DONE]."""
+        if self._include_usage:
+            usage = usage_dict(self._generation.usage)
+            yield sse({**self.fields, "choices": [], "usage": usage})
+        yield SSE_DONE
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import httpx
@@ -199,3 +200,45 @@ def in_flight(http: httpx.Client) -> float:
     text = http.get("/metrics").text
     values = re.findall(r"^pagoda_router_worker_in_flight\{[^}]*\} ([0-9.]+)$", text, re.MULTILINE)
     return sum(float(v) for v in values)
+
+
+def test_cache_salt_isolates_prefix_sharing(served):
+    client = served.client()
+    prompt = PROMPT * 4
+
+    def cached(salt: str) -> int:
+        response = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt}
+        )
+        return response.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") > 0  # same tenant: its own prefix, from the cache
+    assert cached("tenant-b") == 0  # another tenant never reads it
+
+
+def test_sse_framing_is_openais(served):
+    body = {
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 5, "n": 2, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    with httpx.Client(base_url=served.base_url, headers=served.headers, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    raw = response.text
+    assert raw.endswith("\n\ndata: [DONE]\n\n")
+    events = raw.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events)
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+    # A role chunk per choice first; one usage-only chunk last; usage null before it.
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
+        {"role": "assistant", "content": ""}
+    ] * 2
+    assert [c["choices"][0]["index"] for c in chunks[:2]] == [0, 1]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+    assert all(c["usage"] is None and len(c["choices"]) == 1 for c in chunks[:-1])
+    finishes = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["finish_reason"]]
+    assert sorted(f["index"] for f in finishes) == [0, 1]
+    assert all(f["delta"] == {} for f in finishes)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
