@@ -90,14 +90,17 @@ class Generation:
             )
             for i, prompt in enumerate(self.prompts)
         ]
-        results = await asyncio.gather(
-            *(self._dispatcher.open(job) for job in jobs), return_exceptions=True
-        )
-        self.streams = [r for r in results if isinstance(r, WorkerStream)]
-        error = next((r for r in results if isinstance(r, BaseException)), None)
-        if error is not None:
-            self.close()
-            raise error
+        tasks = [asyncio.ensure_future(self._dispatcher.open(job)) for job in jobs]
+        try:
+            self.streams = list(await asyncio.gather(*tasks))
+        except BaseException:  # one failed, or the client left: close what did open
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, WorkerStream):
+                    result.close()
+            raise
         self.usage.cached_tokens = sum(s.num_cached_tokens for s in self.streams)
         self._metrics.prompt_tokens.inc(self.usage.prompt_tokens)
         self._metrics.cached_tokens.inc(self.usage.cached_tokens)

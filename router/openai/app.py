@@ -8,9 +8,10 @@ The worker that served the request is named in the `x-pagoda-worker` header.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,8 +33,39 @@ logger = get_logger(__name__)
 
 WORKER_HEADER = "x-pagoda-worker"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+T = TypeVar("T")
 # A handler's result: a JSON body, or the chunks of an SSE body; and its generation.
 Answer = tuple[dict[str, Any] | AsyncIterator[bytes], Generation]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer started."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so its worker calls) if the client goes away.
+
+    NOTE: until a response starts, nothing is sent that could fail, so the
+    disconnect has to be listened for: a non-streamed answer, or a stream still
+    waiting for its first token, would otherwise run on for nobody. The body
+    must have been read already: the listener takes every later ASGI message.
+    """
+    task = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise ClientGone
+        return task.result()
+    finally:
+        for pending in (task, listener):
+            pending.cancel()
+        await asyncio.gather(task, listener, return_exceptions=True)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(state: RouterState) -> FastAPI:
@@ -52,7 +84,11 @@ def build_app(state: RouterState) -> FastAPI:
         arrival = time.monotonic()
         try:
             state.check_api_key(request.headers.get("authorization"))
-            payload, generation = await handle(arrival)
+            await request.body()  # read (and kept) before listening for a disconnect
+            payload, generation = await unless_disconnected(request, handle(arrival))
+        except ClientGone:
+            metrics.requests.labels(api, "499").inc()
+            return Response(status_code=499)
         except Exception as exc:
             return error_response(api, exc)
         headers = {WORKER_HEADER: ",".join(generation.worker_ids)}

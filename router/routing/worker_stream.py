@@ -89,11 +89,11 @@ class WorkerStream:
         self._call = self.handle.stub.Generate(request)
         try:
             first = await self._call.read()
-        except BaseException:
-            self._finish()
+        except BaseException:  # a failure, or the client gave up waiting (cancelled)
+            self.close()
             raise
         if first is grpc.aio.EOF:  # the worker closed the stream without a word
-            self._finish()
+            self.close()
             raise self._call_error()
         self.handle.first_token(self._ticket)
         self.first = first
