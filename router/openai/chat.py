@@ -32,10 +32,12 @@ def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
                 f"{where}.role", f"must be one of {', '.join(ROLES)}, got {message.role!r}"
             )
         for key, value in (message.model_extra or {}).items():
-            if key in _TOOL_KEYS and value:
+            # Clients echo earlier answers back whole: empty fields say nothing.
+            if value in (None, [], ""):
+                continue
+            if key in _TOOL_KEYS:
                 raise UnsupportedFieldError(f"{where}.{key}")
-            if key not in _TOOL_KEYS and key != "refusal":
-                raise InvalidRequestError(f"{where}.{key}", "unrecognized message field")
+            raise InvalidRequestError(f"{where}.{key}", "unrecognized message field")
         content = message.content
         if isinstance(content, list):
             texts = []

@@ -48,6 +48,8 @@ CASES = [
     (CHAT, body(messages=[{"role": "tool", "content": "x"}]), None, 400, "messages.0.role", "unsupported_parameter", []),
     (CHAT, body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]), None, 400, "messages.0.content.0", None, ["image_url"]),
     (CHAT, body(messages=[{"role": "robot", "content": "x"}]), None, 400, "messages.0.role", None, ["robot"]),
+    (CHAT, body(messages=[{"role": "user", "content": "x", "mood": "sunny"}]), None, 400, "messages.0.mood", None, ["unrecognized"]),
+    (CHAT, body(messages=[{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]), None, 400, "messages.0.tool_calls", "unsupported_parameter", []),
     (COMPLETIONS, body(prompt=LONG_IDS), None, 400, "prompt", "context_length_exceeded", ["256", "300 tokens"]),
     (COMPLETIONS, body(prompt="x", max_tokens=300), None, 400, "prompt", "context_length_exceeded", ["256", "301", "300"]),
     (CHAT, body(messages=[{"role": "user", "content": LONG}]), None, 400, "messages", "context_length_exceeded", ["256"]),

@@ -127,6 +127,16 @@ def test_echo_logprobs_and_token_prompts(served, tokenizer):
     assert response.usage.prompt_tokens == len(ids) + 5
 
 
+def test_an_earlier_answer_can_be_sent_back_whole(served):
+    client = served.client()
+    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    # As some clients resend it: every field of the message, unset ones as null.
+    echoed = first.choices[0].message.model_dump()
+    messages = [*MESSAGES, echoed, {"role": "user", "content": "And?"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
 def test_chat_logprobs(served):
     response = served.client().chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
