@@ -63,8 +63,8 @@ class WorkerHandle:
         self.load = LoadEstimate()
         self.num_in_flight = 0
         self.num_sent = 0
-        self._watch_call: grpc.aio.UnaryStreamCall | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._watch_task: asyncio.Task | None = None
+        self._load_task: asyncio.Task | None = None
 
     @property
     def worker_id(self) -> str:
@@ -82,12 +82,14 @@ class WorkerHandle:
         )
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._poll_load())]
+        self._watch_task = asyncio.create_task(self._watch())
+        self._load_task = asyncio.create_task(self._poll_load())
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [t for t in (self._watch_task, self._load_task) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._set_serving(False)
         await self.channel.close()
 
@@ -109,8 +111,9 @@ class WorkerHandle:
         """A call failed as if the worker were gone: no traffic until a fresh health
         watch finds it SERVING (the watch only speaks on changes, so restart it)."""
         self._set_serving(False)
-        if self._watch_call is not None:
-            self._watch_call.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        self._watch_task = asyncio.create_task(self._watch())
 
     # ---- keeping current -----------------------------------------------------------
 
@@ -133,14 +136,15 @@ class WorkerHandle:
                 if self.info is None or info.epoch != self.info.epoch:
                     self.info, self.load = info, LoadEstimate()
                     self._on_change(self)
-                self._watch_call = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
-                async for status in self._watch_call:
-                    self._set_serving(status.status == _SERVING)
-                    backoff = 0.1
+                watch = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
+                try:
+                    async for status in watch:
+                        self._set_serving(status.status == _SERVING)
+                        backoff = 0.1
+                finally:  # also when mark_failed() cancels this task
+                    watch.cancel()
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.CANCELLED:
-                    logger.debug("worker %s: %s", self.address, exc.details())
-            self._watch_call = None
+                logger.debug("worker %s: %s", self.address, exc.details())
             self._set_serving(False)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
