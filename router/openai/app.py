@@ -125,27 +125,26 @@ def build_app(state: RouterState) -> FastAPI:
                 started.generation.close()
         raise AssertionError("unreachable")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        async def handle(arrival: float) -> Answer:
-            body = parse_request(CompletionRequest, await request.body())
-            if not body.stream:
-                return await whole(lambda: Completion.start(state, body, arrival))
-            completion = await Completion.start(state, body, arrival)
-            return completion.events(), completion.generation
+    def openai_route(
+        path: str,
+        api: str,
+        body_type: type[CompletionRequest] | type[ChatCompletionRequest],
+        kind: type[Completion] | type[ChatCompletion],
+    ) -> None:
+        async def endpoint(request: Request) -> Response:
+            async def handle(arrival: float) -> Answer:
+                body: Any = parse_request(body_type, await request.body())
+                if not body.stream:
+                    return await whole(lambda: kind.start(state, body, arrival))
+                started = await kind.start(state, body, arrival)
+                return started.events(), started.generation
 
-        return await answer("completions", request, handle)
+            return await answer(api, request, handle)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        async def handle(arrival: float) -> Answer:
-            body = parse_request(ChatCompletionRequest, await request.body())
-            if not body.stream:
-                return await whole(lambda: ChatCompletion.start(state, body, arrival))
-            chat = await ChatCompletion.start(state, body, arrival)
-            return chat.events(), chat.generation
+        app.post(path)(endpoint)
 
-        return await answer("chat", request, handle)
+    openai_route("/v1/completions", "completions", CompletionRequest, Completion)
+    openai_route("/v1/chat/completions", "chat", ChatCompletionRequest, ChatCompletion)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
