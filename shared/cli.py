@@ -18,6 +18,8 @@ from shared.logging import configure_logging
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("worker.generate_cli", "Generate offline from prompts with the engine."),
     "worker": ("worker.service.cli", "Serve one model over gRPC (token ids in, token ids out)."),
+    "router": ("router.cli", "Serve the OpenAI HTTP and gRPC text APIs in front of workers."),
+    "serve": ("router.serve", "Serve a model on this machine: a router and N workers."),
 }
 
 

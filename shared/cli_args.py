@@ -102,3 +102,30 @@ def dataclass_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any
             values[name] = tuple(value)
     values.update(overrides)
     return cls(**values)
+
+
+def dataclass_to_args(obj: Any, skip: tuple[str, ...] = ()) -> list[str]:
+    """The flags that rebuild `obj` through `add_dataclass_args` (the inverse of
+    `dataclass_from_args`); fields at their defaults are left out."""
+    args: list[str] = []
+    for f in dataclasses.fields(obj):
+        if f.name in skip or not f.init:
+            continue
+        value = getattr(obj, f.name)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if value == default or value is None:
+            continue
+        flag = flag_name(f.name)
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(value)]
+    return args

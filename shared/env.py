@@ -17,6 +17,11 @@ def redis_url() -> str | None:
     return os.environ.get("REDIS_URL") or None
 
 
+def api_key() -> str | None:
+    """The key clients must send to the router (`--api-key` overrides it)."""
+    return os.environ.get("PAGODA_API_KEY") or None
+
+
 def cpu_threads() -> int | None:
     value = os.environ.get("PAGODA_CPU_THREADS")
     return int(value) if value else None

@@ -29,3 +29,12 @@ def test_stubs_import_from_shared():
     assert hasattr(worker_pb2_grpc, "WorkerServiceStub")
     params = worker_pb2.SamplingParams(max_tokens=0)
     assert params.HasField("max_tokens") and not params.HasField("temperature")
+
+
+def test_client_api_stubs_import_from_shared():
+    from shared.proto.pagoda.v1 import router_pb2, router_pb2_grpc
+
+    assert router_pb2.DESCRIPTOR.package == "pagoda.v1"
+    assert hasattr(router_pb2_grpc, "RouterServiceStub")
+    request = router_pb2.CompleteRequest(token_ids=router_pb2.TokenIds(ids=[1, 2]))
+    assert request.WhichOneof("prompt") == "token_ids"

@@ -1,0 +1,155 @@
+"""The router's flags: one frozen dataclass, one flag per field (shared/cli_args.py).
+
+Flag names follow vLLM's OpenAI server where the concept is the same
+(`--host`, `--port`, `--api-key`, `--served-model-name`, `--chat-template`,
+`--tokenizer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared import env
+from shared.errors import ConfigError
+from shared.registry import DEFAULT_PREFIX
+
+ROUTING_POLICIES = ("affinity", "load")
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 50050
+# How long a routing choice counts as "this worker holds the prefix". With Redis
+# it only bridges the moment until the worker's own ownership records arrive;
+# without Redis the choices are all the router knows, so they last longer.
+CHOICE_TTL_WITH_REDIS_S = 10.0
+CHOICE_TTL_LOCAL_S = 300.0
+
+
+def _port(name: str, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"--{name} must be in [0, 65535] (0: any free port), got {value}")
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = field(default="0.0.0.0", metadata={"help": "Interface to listen on."})
+    port: int = field(default=DEFAULT_HTTP_PORT, metadata={"help": "OpenAI-compatible HTTP port."})
+    grpc_port: int = field(
+        default=DEFAULT_GRPC_PORT,
+        metadata={"help": "gRPC port of the pagoda.v1 text API (0: any free port)."},
+    )
+    worker: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "A worker's host:port, for a static list (repeatable)."},
+    )
+    redis_url: str | None = field(
+        default_factory=env.redis_url,
+        metadata={
+            "help": "Redis with the worker registry, e.g. redis://host:6379/0 "
+            "(default: $REDIS_URL; none: an in-process store)."
+        },
+    )
+    redis_prefix: str = field(
+        default=DEFAULT_PREFIX, metadata={"help": "Prefix of every Redis key (as on workers)."}
+    )
+    served_model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model name clients use; only workers announcing it get "
+            "traffic (default: the name the first worker announces)."
+        },
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder or Hub id (default: what the workers announce)."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Chat template: a Jinja file or the template itself (default: the tokenizer's)."
+        },
+    )
+    api_key: str | None = field(
+        default_factory=env.api_key,
+        metadata={"help": "Key clients must send as a Bearer token (default: $PAGODA_API_KEY)."},
+    )
+    routing_policy: str = field(
+        default="affinity",
+        metadata={
+            "help": "affinity: lowest estimated time to first token, counting cached "
+            "prefixes; load: least loaded only.",
+            "choices": ROUTING_POLICIES,
+        },
+    )
+    affinity_threshold: float = field(
+        default=0.3,
+        metadata={
+            "help": "Fraction of the prompt a cached prefix must cover to count; shorter "
+            "ones (a shared template head) do not pull requests to one worker."
+        },
+    )
+    choice_ttl: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a routing choice counts as the worker holding the prompt "
+            f"(default: {CHOICE_TTL_WITH_REDIS_S:g} with Redis, "
+            f"{CHOICE_TTL_LOCAL_S:g} without)."
+        },
+    )
+    max_attempts: int = field(
+        default=3,
+        metadata={"help": "Workers one request may try when they fail before its first token."},
+    )
+    tokenizer_threads: int = field(
+        default=2, metadata={"help": "Threads that tokenize and render chat templates."}
+    )
+    load_interval: float = field(
+        default=0.5, metadata={"help": "Seconds between polls of each worker's load."}
+    )
+    discovery_interval: float = field(
+        default=1.0, metadata={"help": "Seconds between reads of the Redis worker registry."}
+    )
+    shutdown_timeout: float = field(
+        default=30.0, metadata={"help": "Seconds open requests get to finish on shutdown."}
+    )
+
+    def __post_init__(self) -> None:
+        _port("port", self.port)
+        _port("grpc-port", self.grpc_port)
+        for address in self.worker:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"--worker must be host:port, got {address!r}")
+        if self.routing_policy not in ROUTING_POLICIES:
+            raise ConfigError(
+                f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, "
+                f"got {self.routing_policy!r}"
+            )
+        for name in ("choice_ttl", "load_interval", "discovery_interval"):
+            _positive(name, getattr(self, name))
+        if not 0 <= self.affinity_threshold <= 1:
+            raise ConfigError(
+                f"--affinity-threshold must be in [0, 1], got {self.affinity_threshold}"
+            )
+        _positive("max_attempts", self.max_attempts)
+        _positive("tokenizer_threads", self.tokenizer_threads)
+        if self.shutdown_timeout < 0:
+            raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.redis_prefix:
+            raise ConfigError("--redis-prefix must not be empty")
+
+    def check_has_workers(self) -> None:
+        if not self.worker and not self.redis_url:
+            raise ConfigError(
+                "no workers to route to: give --worker host:port (repeatable) or "
+                "--redis-url (or set REDIS_URL) to discover them"
+            )
+
+    @property
+    def effective_choice_ttl(self) -> float:
+        if self.choice_ttl is not None:
+            return self.choice_ttl
+        return CHOICE_TTL_WITH_REDIS_S if self.redis_url else CHOICE_TTL_LOCAL_S

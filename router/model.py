@@ -1,0 +1,124 @@
+"""The served model as the router sees it: name, limits, tokenizer, chat template.
+
+Built once, when the first worker of the model announces itself (the
+tokenizer is loaded in a thread meanwhile). Tokenizing and template
+rendering run in a small thread pool: a long prompt must never stall the
+event loop that streams every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from router.config import RouterConfig
+from router.errors import ContextLengthError
+from router.text.chat_template import ChatTemplate
+from router.text.tokenizer import Tokenizer, read_chat_template
+from shared.errors import InvalidRequestError
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+    max_logprobs: int
+
+
+class ModelContext:
+    def __init__(
+        self,
+        name: str,
+        limits: ModelLimits,
+        tokenizer: Tokenizer,
+        chat_template: ChatTemplate | None,
+        num_threads: int,
+    ) -> None:
+        self.name = name
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="pagoda-tokenize")
+
+    @classmethod
+    def load(cls, info: wpb.GetModelInfoResponse, config: RouterConfig) -> ModelContext:
+        """Blocking (reads tokenizer files, maybe downloads them): run it in a thread."""
+        tokenizer = Tokenizer.load(config.tokenizer or info.tokenizer or info.model)
+        source = (
+            read_chat_template(config.chat_template)
+            if config.chat_template
+            else tokenizer.chat_template
+        )
+        template = None
+        if source is not None:
+            specials = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
+            template = ChatTemplate(source, specials)
+        limits = ModelLimits(info.max_model_len, info.vocab_size, info.max_logprobs)
+        return cls(info.served_model_name, limits, tokenizer, template, config.tokenizer_threads)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def encode(self, text: str) -> list[int]:
+        return await self._run(self.tokenizer.encode, text, True)
+
+    async def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+    ) -> tuple[str, list[int]]:
+        """The conversation as prompt text and token ids."""
+        if self.chat_template is None:
+            raise InvalidRequestError(
+                "messages",
+                "this model's tokenizer has no chat template; start the router with "
+                "--chat-template, or use /v1/completions",
+            )
+        template = self.chat_template
+
+        def render() -> tuple[str, list[int]]:
+            text = template.render(messages, add_generation_prompt)
+            # The template wrote the special tokens (BOS, turn markers) itself.
+            return text, self.tokenizer.encode(text, add_special_tokens=False)
+
+        return await self._run(render)
+
+    def check_prompt(
+        self, prompt_token_ids: Sequence[int], max_tokens: int | None, what: str
+    ) -> int:
+        """Check token ids and length against the model; return the effective max_tokens.
+        `what` names the prompt in messages ("prompt" or "messages")."""
+        if not prompt_token_ids:
+            raise InvalidRequestError(
+                what, "the prompt is empty: it must contain at least one token"
+            )
+        vocab = self.limits.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                what, f"token id {bad} is outside the vocabulary [0, {vocab})"
+            )
+        num_prompt, limit = len(prompt_token_ids), self.limits.max_model_len
+        if num_prompt >= limit:
+            raise ContextLengthError(
+                what,
+                f"this model's maximum context length is {limit} tokens, but the {what} has "
+                f"{num_prompt} tokens, which leaves no room to generate; shorten it to at most "
+                f"{limit - 1} tokens",
+            )
+        if max_tokens is None:
+            return limit - num_prompt
+        if num_prompt + max_tokens > limit:
+            raise ContextLengthError(
+                what,
+                f"this model's maximum context length is {limit} tokens, but you requested "
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the {what}, {max_tokens} for "
+                f"the completion); lower max_tokens to at most {limit - num_prompt} or shorten "
+                f"the {what}",
+            )
+        return max_tokens

@@ -1,0 +1,168 @@
+"""Response pieces shared by completions and chat: usage, logprobs, SSE framing,
+and a whole generation collected for a non-streaming answer."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.errors import describe
+from router.generation import Generation, Usage
+from router.text.choice_text import TextDelta
+from router.text.tokenizer import Tokenizer
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
+
+# JSON has no -inf; OpenAI clients expect a number.
+_MIN_LOGPROB = -9999.0
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event, as OpenAI frames them: a `data:` line and a blank line."""
+    return (
+        b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    )
+
+
+class Envelope:
+    """What every object of one answer repeats (id, object type, creation time, model),
+    and the pieces made of it: the whole answer, a chunk, the stream's end."""
+
+    def __init__(
+        self, generation: Generation, model: str, kind: str, include_usage: bool = False
+    ) -> None:
+        self.fields = {
+            "id": generation.request_id,
+            "object": kind,
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._generation = generation
+        self._include_usage = include_usage
+
+    def whole(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**self.fields, "choices": choices, "usage": usage_dict(self._generation.usage)}
+
+    def chunk(self, choice: dict[str, Any]) -> bytes:
+        body: dict[str, Any] = {**self.fields, "choices": [choice]}
+        if self._include_usage:  # OpenAI: null on every chunk but the usage chunk
+            body["usage"] = None
+        return sse(body)
+
+    def end(self) -> Iterator[bytes]:
+        """The usage-only chunk (when asked for), then [DONE]."""
+        if self._include_usage:
+            usage = usage_dict(self._generation.usage)
+            yield sse({**self.fields, "choices": [], "usage": usage})
+        yield SSE_DONE
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _logprob(value: float) -> float:
+    return max(value, _MIN_LOGPROB) if not math.isnan(value) else _MIN_LOGPROB
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer,
+    token_ids: Sequence[int],
+    entries: Sequence[wpb.TokenLogprob | None],
+    text_offset: int = 0,
+) -> dict[str, Any]:
+    """The legacy completions format; an entry of None (the first prompt token) has no logprob."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, entries):
+        text = tokenizer.token_text(token_id)
+        tokens.append(text)
+        offsets.append(text_offset)
+        text_offset += len(text)
+        if entry is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            token_logprobs.append(_logprob(entry.logprob))
+            top_logprobs.append(
+                {tokenizer.token_text(t.token_id): _logprob(t.logprob) for t in entry.top}
+            )
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokenizer: Tokenizer, entries: Sequence[wpb.TokenLogprob]) -> dict[str, Any]:
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        return {
+            "token": tokenizer.token_text(token_id),
+            "logprob": _logprob(logprob),
+            "bytes": tokenizer.token_bytes(token_id),
+        }
+
+    content = [
+        {
+            **item(e.token_id, e.logprob),
+            "top_logprobs": [item(t.token_id, t.logprob) for t in e.top],
+        }
+        for e in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[wpb.TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, delta: TextDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+async def collect(generation: Generation) -> list[ChoiceResult]:
+    """Run a generation to its end; one result per choice, by index."""
+    results = [ChoiceResult(i) for i in range(len(generation.prompts) * generation.n)]
+    async for delta in generation.deltas():
+        results[delta.index].add(delta)
+    return results
+
+
+async def guarded_sse(
+    events: AsyncIterator[bytes], generation: Generation, on_done: Callable[[str], None]
+) -> AsyncIterator[bytes]:
+    """An SSE body that always ends well-formed: a failure mid-stream becomes an
+    OpenAI-shaped error event (the openai client raises it), then [DONE].
+    `on_done` gets the outcome for the metrics: "200", "stream_error" or "499"
+    (the client went away)."""
+    outcome = "499"
+    try:
+        async for event in events:
+            yield event
+        outcome = "200"
+    except Exception as exc:
+        outcome = "stream_error"
+        _, body = describe(exc)
+        yield sse(body)
+        yield SSE_DONE
+    finally:
+        generation.close()
+        on_done(outcome)

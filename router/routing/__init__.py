@@ -1,0 +1,1 @@
+"""Which worker gets a request: discovery, health, load, prefix affinity, dispatch."""

@@ -1,0 +1,170 @@
+"""Route a request to a worker and open its Generate stream, retrying elsewhere
+while nothing has been returned yet.
+
+```
+open(job)
+  prompt block hashes (per worker block size)
+  store.match(...)  -- one round trip: deepest prefix each worker holds
+  policy.choose(...) -> worker;  store.record(choice)  (not awaited)
+  Generate(...) -> wait for the first response
+     fails (UNAVAILABLE, RESOURCE_EXHAUSTED, INTERNAL) -> next worker, up to --max-attempts
+  -> WorkerStream (the first response and the rest)
+```
+
+A failure after the first response ends the stream with UnavailableError:
+text already sent to a client cannot be taken back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from router.config import RouterConfig
+from router.metrics import RouterMetrics
+from router.routing import policy
+from router.routing.store import AffinityStore, PromptHashes, StoreUnavailable
+from router.routing.worker_handle import WorkerHandle
+from router.routing.worker_pool import WorkerPool
+from router.routing.worker_stream import WorkerStream, error_from_rpc
+from shared.block_hash import extend_block_hashes
+from shared.errors import UnavailableError
+from shared.logging import get_logger
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
+
+logger = get_logger(__name__)
+
+# Worker failures that another worker may not have.
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+@dataclass
+class WorkerJob:
+    """One prompt's request to one worker."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: wpb.SamplingParams
+    cache_salt: bytes | None = None
+    arrival: float = field(default_factory=time.monotonic)
+
+
+class Dispatcher:
+    def __init__(
+        self, config: RouterConfig, pool: WorkerPool, store: AffinityStore, metrics: RouterMetrics
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._store = store
+        self._metrics = metrics
+        self._choice_ttl = config.effective_choice_ttl
+        self._background: set[asyncio.Task] = set()
+
+    async def open(self, job: WorkerJob) -> WorkerStream:
+        prompt = PromptHashes(job.prompt_token_ids, job.cache_salt)
+        request = wpb.GenerateRequest(
+            request_id=job.request_id,
+            prompt_token_ids=job.prompt_token_ids,
+            sampling_params=job.params,
+        )
+        if job.cache_salt is not None:
+            request.cache_salt = job.cache_salt
+        excluded: set[str] = set()
+        last_error: Exception | None = None
+        for attempt in range(self._config.max_attempts):
+            handle, decision = await self._route(prompt, excluded)
+            if handle is None:
+                break
+            if attempt:
+                self._metrics.retries.inc()
+            self.record(handle, prompt.chain(handle.key.block_size))
+            uncached = max(len(job.prompt_token_ids) - decision.num_matched_tokens, 1)
+            stream = WorkerStream(handle, decision, job, uncached, self._metrics, self._on_end)
+            stream.prompt_hashes = prompt
+            try:
+                await stream.start(request)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _RETRYABLE:
+                    raise error_from_rpc(exc) from exc
+                logger.warning(
+                    "request %s: worker %s failed before its first token (%s: %s); %s",
+                    job.request_id,
+                    handle.worker_id,
+                    exc.code().name,
+                    exc.details(),
+                    "retrying elsewhere"
+                    if attempt + 1 < self._config.max_attempts
+                    else "giving up",
+                )
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    handle.mark_failed()
+                excluded.add(handle.address)
+                last_error = error_from_rpc(exc)
+                continue
+            return stream
+        if last_error is not None:
+            raise UnavailableError(
+                f"no worker could take the request ({len(excluded)} tried); last error: {last_error}"
+            )
+        raise UnavailableError("no worker is serving the model right now; retry shortly")
+
+    async def _route(
+        self, prompt: PromptHashes, excluded: set[str]
+    ) -> tuple[WorkerHandle | None, policy.Decision]:
+        handles = [h for h in self._pool.serving() if h.address not in excluded]
+        if not handles:
+            return None, policy.Decision("", policy.MISS, 0, 0)
+        by_id = {h.worker_id: h for h in handles}
+        fallback = policy.LOAD if self._config.routing_policy == "load" else None
+        matched: dict[str, int] = {}
+        if fallback is None:
+            try:
+                matched = await self._store.match([h.key for h in handles], prompt)
+            except StoreUnavailable:
+                fallback = policy.NO_STORE
+        candidates = [
+            policy.Candidate(
+                h.worker_id,
+                num_matched_tokens=matched.get(h.worker_id, 0) * h.key.block_size,
+                num_queued_tokens=h.load.num_queued_tokens,
+                num_running=h.load.num_running,
+                num_sent=h.num_sent,
+            )
+            for h in handles
+        ]
+        decision = policy.choose(
+            candidates, len(prompt.token_ids), fallback, self._config.affinity_threshold
+        )
+        self._metrics.routing_decisions.labels(decision.reason).inc()
+        return by_id[decision.worker_id], decision
+
+    def record(self, handle: WorkerHandle, hashes: list[bytes]) -> None:
+        """Record a choice without waiting: a lost record only costs a cache miss."""
+        if not hashes or self._config.routing_policy == "load":
+            return
+        task = asyncio.create_task(self._store.record(handle.key, hashes, self._choice_ttl))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_end(self, stream: WorkerStream) -> None:
+        """A stream ended well: the worker now also holds the blocks it generated."""
+        if stream.output_token_ids and stream.prompt_hashes is not None:
+            job, block_size = stream.job, stream.handle.key.block_size
+            hashes = extend_block_hashes(
+                list(stream.prompt_hashes.chain(block_size)),
+                job.prompt_token_ids + stream.output_token_ids,
+                block_size,
+                job.cache_salt,
+            )
+            self.record(stream.handle, hashes)

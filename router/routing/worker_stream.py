@@ -1,0 +1,159 @@
+"""One open Generate call: its first response, then the rest, with the worker's
+in-flight accounting and the latency metrics kept on the way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from router.metrics import RouterMetrics
+from router.routing.policy import Decision
+from router.routing.store import PromptHashes
+from router.routing.worker_handle import WorkerHandle
+from shared.errors import (
+    CapacityError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    PagodaError,
+    UnavailableError,
+)
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
+
+if TYPE_CHECKING:
+    from router.routing.dispatcher import WorkerJob
+
+
+class WorkerFailedError(UnavailableError):
+    """The worker failed after its first response: what it sent stands, the rest is lost."""
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> PagodaError:
+    """A worker's status as the error it means (shared/errors.py)."""
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, _, message = details.partition(": ")
+        return (
+            InvalidRequestError(field, message)
+            if message
+            else InvalidRequestError("request", details)
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return CapacityError(details)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ModelNotFoundError(details)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return UnavailableError(details)
+    return PagodaError(f"worker error ({code.name}): {details}")
+
+
+class WorkerStream:
+    def __init__(
+        self,
+        handle: WorkerHandle,
+        decision: Decision,
+        job: WorkerJob,
+        num_prefill_tokens: int,
+        metrics: RouterMetrics,
+        on_end: Callable[[WorkerStream], None],
+    ) -> None:
+        self.handle = handle
+        self.decision = decision
+        self.job = job
+        self._num_prefill_tokens = num_prefill_tokens
+        self._metrics = metrics
+        self._on_end = on_end
+        self._call: grpc.aio.UnaryStreamCall | None = None
+        self._ticket: int | None = None
+        self.first: wpb.GenerateResponse | None = None
+        # Sample 0's tokens, so the router can record the blocks they fill.
+        self.output_token_ids: list[int] = []
+        self._last_token_at: float | None = None
+        self.prompt_hashes: PromptHashes | None = None  # set by the dispatcher
+
+    @property
+    def worker_id(self) -> str:
+        return self.handle.worker_id
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.first.num_cached_tokens if self.first is not None else 0
+
+    async def start(self, request: wpb.GenerateRequest) -> None:
+        """Send the request and wait for the first response (raises AioRpcError)."""
+        num_seqs = self.job.params.n if self.job.params.HasField("n") else 1
+        self._ticket = self.handle.begin(self._num_prefill_tokens, num_seqs)
+        self._gauge()
+        self._call = self.handle.stub.Generate(request)
+        try:
+            first = await self._call.read()
+        except BaseException:  # a failure, or the client gave up waiting (cancelled)
+            self.close()
+            raise
+        if first is grpc.aio.EOF:  # the worker closed the stream without a word
+            self.close()
+            raise self._call_error()
+        self.handle.first_token(self._ticket)
+        self.first = first
+        self._observe(first)
+
+    async def responses(self) -> AsyncIterator[wpb.GenerateResponse]:
+        """The first response, then the rest; a failure here is the stream's end."""
+        assert self.first is not None and self._call is not None, "not started"
+        try:
+            yield self.first
+            while True:
+                try:
+                    response = await self._call.read()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        self.handle.mark_failed()
+                    raise WorkerFailedError(
+                        f"worker {self.worker_id} failed after the response started "
+                        f"({exc.code().name}: {exc.details()}); the output is incomplete"
+                    ) from exc
+                if response is grpc.aio.EOF:
+                    break
+                self._observe(response)
+                yield response
+            self._on_end(self)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the call if it is still open (the worker aborts the request)."""
+        if self._call is not None and not self._call.done():
+            self._call.cancel()
+        self._finish()
+
+    def _observe(self, response: wpb.GenerateResponse) -> None:
+        if not any(o.token_ids for o in response.outputs):
+            return
+        now = time.monotonic()
+        if self._last_token_at is None:
+            self._metrics.ttft.observe(now - self.job.arrival)
+        else:
+            self._metrics.itl.observe(now - self._last_token_at)
+        self._last_token_at = now
+        for output in response.outputs:
+            if output.index == 0:
+                self.output_token_ids.extend(output.token_ids)
+
+    def _finish(self) -> None:
+        if self._ticket is not None:
+            self.handle.end(self._ticket)
+            self._ticket = None
+            self._gauge()
+
+    def _gauge(self) -> None:
+        self._metrics.worker_in_flight.labels(self.worker_id).set(self.handle.num_in_flight)
+
+    def _call_error(self) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            details="the worker ended the stream before any response",
+        )

@@ -1,0 +1,1 @@
+"""Text in the router: tokenizer, chat template, incremental detokenizing, stop strings."""

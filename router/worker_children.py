@@ -1,0 +1,134 @@
+"""`pagoda worker` child processes of `pagoda serve`: start, watch, stop in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from shared.logging import get_logger
+
+logger = get_logger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+# How long stopped workers get to drain before they are killed.
+STOP_TIMEOUT_S = 60.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux only)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+class WorkerChildren:
+    def __init__(
+        self,
+        num_workers: int,
+        flags: list[str],
+        redis_url: str | None,
+        redis_prefix: str,
+        tensor_parallel_size: int = 1,
+        device: str = "auto",
+    ) -> None:
+        self._flags = flags
+        if redis_url:
+            self._flags = [*flags, "--redis-url", redis_url, "--redis-prefix", redis_prefix]
+        self.ports = [free_port() for _ in range(num_workers)]
+        self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        self._devices = self._assign_devices(num_workers, tensor_parallel_size, device)
+        self.processes: list[subprocess.Popen] = []
+        self._reported: set[int] = set()
+        self.failed = False
+
+    @staticmethod
+    def _assign_devices(num_workers: int, tp: int, device: str) -> list[str | None]:
+        """One GPU set per worker when there are enough; else they share what is visible."""
+        gpus = [] if device == "cpu" else visible_gpus()
+        if len(gpus) >= num_workers * tp:
+            return [",".join(gpus[i * tp : (i + 1) * tp]) for i in range(num_workers)]
+        if gpus and num_workers > 1:
+            logger.warning(
+                "%d workers x %d GPUs each wanted, %d visible: the workers share them",
+                num_workers,
+                tp,
+                len(gpus),
+            )
+        return [None] * num_workers
+
+    def start(self) -> None:
+        for i, port in enumerate(self.ports):
+            env = dict(os.environ)
+            if self._devices[i] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self._devices[i]
+            command = [sys.executable, "-m", "shared.cli", "worker", *self._flags]
+            command += ["--host", "127.0.0.1", "--port", str(port)]
+            self.processes.append(
+                subprocess.Popen(
+                    command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+                )
+            )
+            logger.info("started worker %d (pid %d) on port %d", i, self.processes[-1].pid, port)
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Report workers that exit on their own; stop everything when none is left."""
+        while True:
+            await asyncio.sleep(0.5)
+            for i, process in enumerate(self.processes):
+                code = process.poll()
+                if code is not None and i not in self._reported:
+                    self._reported.add(i)
+                    self.failed = True
+                    logger.error("worker %d (pid %d) exited with code %d", i, process.pid, code)
+            if len(self._reported) == len(self.processes):
+                logger.error("no worker left: stopping")
+                stop.set()
+                return
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM (workers drain, then exit), then SIGKILL whatever is left."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                logger.warning("worker pid %d did not stop in time: killing it", process.pid)
+        self.kill()
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -1,0 +1,106 @@
+"""The gRPC text API (pagoda.v1.RouterService) against `pagoda serve`."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from shared.proto.pagoda.v1 import router_pb2 as pb
+from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
+from tests.router.conftest import API_KEY, MODEL
+
+AUTH = (("authorization", f"Bearer {API_KEY}"),)
+PROMPT = "Emoji need four bytes: 🚀🐍"
+
+
+@pytest.fixture(scope="module")
+def channel(served):
+    with grpc.insecure_channel(f"127.0.0.1:{served.router.grpc_port}") as channel:
+        yield channel
+
+
+def collect(responses) -> tuple[dict[int, str], dict[int, list[int]], dict[int, int], pb.Usage]:
+    texts, ids, finish, usage = {}, {}, {}, None
+    for response in responses:
+        for choice in response.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            ids.setdefault(choice.index, []).extend(choice.token_ids)
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+        if response.HasField("usage"):
+            usage = response.usage
+    return texts, ids, finish, usage
+
+
+def test_complete_streams_what_http_returns(channel, served, tokenizer):
+    stub = pb_grpc.RouterServiceStub(channel)
+    params = pb.SamplingParams(temperature=0, max_tokens=12)
+    request = pb.CompleteRequest(model=MODEL, text=PROMPT, sampling_params=params)
+    texts, ids, finish, usage = collect(stub.Complete(request, metadata=AUTH, timeout=60))
+    http = served.client().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0
+    )
+    assert texts[0] == http.choices[0].text
+    assert tokenizer.decode(ids[0]) == texts[0]
+    assert usage.completion_tokens == len(ids[0]) == http.usage.completion_tokens
+    assert usage.prompt_tokens == len(tokenizer.encode(PROMPT))
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert finish[0] in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+
+
+def test_chat_with_token_ids_n_and_a_stop_string(channel):
+    stub = pb_grpc.RouterServiceStub(channel)
+    chat = pb.ChatRequest(
+        model=MODEL,
+        messages=[pb.ChatMessage(role="user", content="hello")],
+        sampling_params=pb.SamplingParams(temperature=0, max_tokens=10),
+    )
+    texts, *_ = collect(stub.Chat(chat, metadata=AUTH, timeout=60))
+    stop = texts[0][4:6]
+    chat.sampling_params.stop.append(stop)
+    chat.sampling_params.n = 2
+    cut, _, finish, _ = collect(stub.Chat(chat, metadata=AUTH, timeout=60))
+    expected = texts[0][: texts[0].find(stop)]
+    assert cut == {0: expected, 1: expected}  # greedy: both choices alike
+    assert finish == {0: pb.FINISH_REASON_STOP, 1: pb.FINISH_REASON_STOP}
+
+
+@pytest.mark.parametrize(
+    "request_, metadata, code",
+    [
+        (pb.CompleteRequest(model="other", text="x"), AUTH, grpc.StatusCode.NOT_FOUND),
+        (pb.CompleteRequest(model=MODEL, text="x"), (), grpc.StatusCode.UNAUTHENTICATED),
+        (
+            pb.CompleteRequest(model=MODEL, text="x", sampling_params=pb.SamplingParams(top_p=0)),
+            AUTH,
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            pb.CompleteRequest(model=MODEL, token_ids=pb.TokenIds(ids=[5] * 300)),
+            AUTH,
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ],
+)
+def test_errors_keep_their_meaning(channel, request_, metadata, code):
+    stub = pb_grpc.RouterServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Complete(request_, metadata=metadata, timeout=30))
+    assert caught.value.code() == code
+
+
+def test_list_models_health_and_reflection(channel):
+    models = pb_grpc.RouterServiceStub(channel).ListModels(
+        pb.ListModelsRequest(), metadata=AUTH, timeout=10
+    )
+    assert [(m.id, m.max_model_len, m.num_workers) for m in models.models] == [(MODEL, 256, 2)]
+    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+    )
+    names = {s.name for a in answers for s in a.list_services_response.service}
+    assert "pagoda.v1.RouterService" in names and "grpc.health.v1.Health" in names
