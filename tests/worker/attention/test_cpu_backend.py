@@ -9,10 +9,13 @@ from worker.attention.backends import get_attention_backend
 from worker.attention.metadata import AttentionMetadata
 
 
-@pytest.mark.parametrize("window", [None, 6])
-def test_cpu_backend_matches_reference_on_a_mixed_step(window):
+@pytest.mark.parametrize(
+    "window, head_dim", [(None, 16), (6, 16), (None, 24)], ids=["full", "window", "fallback"]
+)
+def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim):
+    """head_dim 24 is not a multiple of 16: the backend falls back to the reference."""
     torch.manual_seed(1)
-    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 6, 2, 16, 4, 40
+    num_heads, num_kv_heads, block_size, num_blocks = 6, 2, 4, 40
     # (cached context, new tokens): decode, fresh prefill, chunk after a prefix, decode.
     shapes = [(9, 1), (0, 7), (8, 5), (3, 1)]
     perm = torch.randperm(num_blocks).tolist()

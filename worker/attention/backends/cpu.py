@@ -3,8 +3,8 @@
 Decode (one new token per sequence) dominates steps and is memory-bound: the
 kernel reads K/V blocks in place instead of gathering them. Prefill rows are
 few per step and compute-bound: torch's fused SDPA does them, straight from
-the new K/V when the sequence has no cached context. Without a compiler the
-decode rows fall back to the plain-PyTorch reference.
+the new K/V when the sequence has no cached context. Without a compiler, or
+for head shapes the kernel does not cover, the reference backend runs instead.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import load_cpu_kernels
-from kernels.paged_attention_reference import paged_attention_reference
 from worker.attention.backends.base import AttentionBackend
+from worker.attention.backends.torch_reference import TorchReferenceBackend
 from worker.attention.metadata import AttentionMetadata
 
 
@@ -34,6 +34,7 @@ class CPUAttentionBackend(AttentionBackend):
 
     def __init__(self) -> None:
         self.kernels = load_cpu_kernels()
+        self.reference = TorchReferenceBackend()
 
     def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
         starts = metadata.query_start_loc
@@ -55,21 +56,16 @@ class CPUAttentionBackend(AttentionBackend):
         )
 
     def forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
+        if self.kernels is None or not self.kernels.supports(
+            query.shape[1], key.shape[1], query.shape[2]
+        ):
+            return self.reference.forward(
+                query, key, value, key_cache, value_cache, metadata, scale, sliding_window
+            )
         plan: CPUAttentionPlan = metadata.backend_plan
         num_kv_heads, head_dim = key.shape[1], key.shape[2]
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, key)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, value)
-        if self.kernels is None:
-            return paged_attention_reference(
-                query,
-                key_cache,
-                value_cache,
-                metadata.block_tables,
-                metadata.query_start_loc,
-                metadata.seq_lens,
-                scale,
-                sliding_window,
-            )
         query = query.contiguous()
         out = torch.empty_like(query)
         if plan.decode_seq_ids:
