@@ -34,8 +34,9 @@ class ModelConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": "Weight and activation dtype. auto: the checkpoint's dtype on GPU; "
-            "float32 on CPU, where it is the fastest arithmetic.",
+            "help": "Weight and activation dtype. auto: the checkpoint's half-precision "
+            "dtype on GPU (bf16 for float32 checkpoints); on CPU bf16 for half-precision "
+            "checkpoints where the CPU has native bf16 (AVX512-BF16/AMX), else float32.",
             "choices": DTYPES,
         },
     )

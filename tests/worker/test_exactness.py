@@ -124,25 +124,34 @@ def test_checkpoint_variants(make_checkpoint, hf_greedy, arch, overrides):
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
 
 
-def test_bf16_checkpoint_runs_float32_on_cpu(make_checkpoint, hf_greedy):
+def test_bf16_checkpoint_runs_exact_in_float32(make_checkpoint, hf_greedy):
     import torch
 
     path = make_checkpoint("llama", dtype=torch.bfloat16)
     prompts = random_prompts([9, 33], seed=8)
-    got, _, llm = run_llm(path, prompts)
+    got, _, llm = run_llm(path, prompts, dtype="float32")
     assert llm.engine.core.dtype == torch.float32
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("scenario", ["batch", "chunked", "preemption"])
-def test_reference_attention_backend(make_checkpoint, hf_greedy, scenario):
-    path = make_checkpoint("qwen2")
-    options = {
-        "batch": {},
-        "chunked": {"max_num_batched_tokens": 16},
-        "preemption": {"num_kv_blocks": 36},
-    }
-    prompts = random_prompts(LENGTHS, seed=9)
-    got, _, llm = run_llm(path, prompts, attention_backend="torch", **options[scenario])
-    assert llm.engine.core.runner.backend.name == "torch"
-    assert got == hf_greedy(path, prompts, MAX_TOKENS)
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_bfloat16_engine_tracks_float32_transformers(make_checkpoint, backend):
+    """bf16 cannot be token-exact, but its distribution must stay close: prompt
+    logprobs (every layer, both attention paths, chunked) against fp32 HF."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = make_checkpoint("llama", dtype=torch.bfloat16)
+    prompt = random_prompts([70], seed=10)[0]
+    llm = LLM(
+        str(path), **ENGINE, dtype="bfloat16", attention_backend=backend, max_num_batched_tokens=32
+    )
+    params = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=0)
+    (out,) = llm.generate([prompt], params, detokenize=False)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], dim=-1)
+    got = torch.tensor([e.logprob for e in out.prompt_logprobs[1:]])
+    want = expected[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    # Measured: mean 0.0036, max 0.014 on both backends.
+    assert (got - want).abs().mean() < 0.015, (got - want).abs().max()

@@ -85,9 +85,7 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x.view(x.shape[0], -1, self.head_dim)
         x1, x2 = x.chunk(2, dim=-1)
-        out = torch.empty_like(x)
-        torch.addcmul(x1 * cos, x2, sin, value=-1, out=out[..., : x1.shape[-1]])
-        torch.addcmul(x2 * cos, x1, sin, out=out[..., x1.shape[-1] :])
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out.view(x.shape[0], -1)
 
 
