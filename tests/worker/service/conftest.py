@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,12 +11,12 @@ import pytest
 
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
+from tests.cluster import PagodaProcess
 from tests.conftest import wait_for
 from worker.config import EngineConfig
 from worker.service.background import BackgroundWorker
 from worker.service.config import WorkerServiceConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 # Tiny pool and blocks, so tests can count blocks and force eviction.
 ENGINE = dict(block_size=4, max_model_len=128, num_kv_blocks=256)
 
@@ -119,44 +115,20 @@ def pool_is_idle(engine) -> bool:
     return not engine.has_unfinished_requests() and pool.num_free_blocks == pool.num_blocks
 
 
-class WorkerProcess:
-    """`python -m shared.cli worker ...` as a child process, logging to a file."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-        self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in kill()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "worker", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
-        self._log.close()
-
-
 @pytest.fixture
 def spawn_worker(make_checkpoint, tmp_path):
-    """spawn_worker(*flags) -> a WorkerProcess on the tiny checkpoint; always killed after."""
-    spawned: list[WorkerProcess] = []
+    """spawn_worker(*flags) -> a `pagoda worker` process on the tiny checkpoint; always
+    killed after."""
+    spawned: list[PagodaProcess] = []
 
-    def spawn(*flags: str) -> WorkerProcess:
+    def spawn(*flags: str) -> PagodaProcess:
         path = make_checkpoint("llama")
         args = ["--model", str(path), "--host", "127.0.0.1", "--port", "0"]
         args += [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-        worker = WorkerProcess([*args, *flags], tmp_path / f"worker-{len(spawned)}.log")
+        worker = PagodaProcess("worker", [*args, *flags], tmp_path / f"worker-{len(spawned)}.log")
         spawned.append(worker)
         return worker
 
     yield spawn
     for worker in spawned:
-        worker.kill()
+        worker.stop(timeout=0)
