@@ -27,5 +27,15 @@ def cpu_threads() -> int | None:
     return int(value) if value else None
 
 
+def cpu_packed_linear() -> bool:
+    """Whether bf16 linear weights on CPU are prepacked for oneDNN (on unless set to 0)."""
+    return os.environ.get("PAGODA_CPU_PACKED_LINEAR", "1") not in ("0", "false", "False")
+
+
+def cpu_kernels() -> bool:
+    """Whether the C++ CPU kernels are used (on unless set to 0: plain PyTorch)."""
+    return os.environ.get("PAGODA_CPU_KERNELS", "1") not in ("0", "false", "False")
+
+
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

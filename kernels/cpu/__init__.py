@@ -14,11 +14,15 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from shared import env
 from shared.logging import get_logger
 
 logger = get_logger(__name__)
 
-_SOURCES = [Path(__file__).with_name("paged_attention_decode.cpp")]
+_SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp")
+]
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
 
 
@@ -50,7 +54,10 @@ def _cpu_model() -> str:
 
 @cache
 def load_cpu_kernels() -> ModuleType | None:
-    """The compiled module, or None when it cannot be built here."""
+    """The compiled module, or None when it cannot be built here (or
+    PAGODA_CPU_KERNELS=0 asks for the plain-PyTorch paths)."""
+    if not env.cpu_kernels():
+        return None
     try:
         from torch.utils.cpp_extension import load
 
@@ -64,3 +71,12 @@ def load_cpu_kernels() -> ModuleType | None:
     except Exception as exc:  # no compiler, no ninja, headers missing: run the reference
         logger.warning("CPU kernels unavailable, using the plain-PyTorch reference: %s", exc)
         return None
+
+
+def fused_bf16_kernels(x) -> ModuleType | None:
+    """The kernels when `x` is a bf16 CPU tensor they take, else None (use the twin)."""
+    import torch
+
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return None
+    return load_cpu_kernels()

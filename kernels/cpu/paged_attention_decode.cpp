@@ -278,8 +278,3 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
   }
 }
 
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention_decode", &paged_attention_decode, "Paged attention, one query per sequence");
-  m.def("supports", &supports, "Whether the kernel handles these head shapes");
-}

@@ -6,10 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import fused_bf16_kernels
+
 
 class SiluAndMul(nn.Module):
     """[num_tokens, 2 * d] (gate | up) -> [num_tokens, d] = silu(gate) * up."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = fused_bf16_kernels(x)
+        if kernels is not None and x.dim() == 2:
+            return kernels.silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from worker.layers.quantization import cpu_packed
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -47,11 +48,21 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits over the full vocabulary."""
 
+    packed_weight: torch.Tensor | None = None
+
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
+    def process_weights_after_loading(self) -> None:
+        # A copy, not a replacement: a tied weight is also the embedding table.
+        if cpu_packed.can_pack(self.weight):
+            self.packed_weight = cpu_packed.pack(self.weight.data)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden_size] -> [num_seqs, vocab_size]"""
-        logits = F.linear(hidden_states, self.weight)
+        if self.packed_weight is not None:
+            logits = cpu_packed.packed_linear(hidden_states, self.packed_weight, None)
+        else:
+            logits = F.linear(hidden_states, self.weight)
         logits = tp_all_gather(logits, dim=-1)
         return logits[..., : self.num_embeddings]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.cpu import fused_bf16_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype=None) -> None:
@@ -25,7 +27,17 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual).
+
+        On bf16 CPU tensors one C++ pass does it, updating `residual` in place."""
+        kernels = fused_bf16_kernels(x)
+        if kernels is not None:
+            shape = x.shape
+            x2d = x.reshape(-1, shape[-1])  # [rows, hidden]
+            if residual is None:
+                return kernels.rms_norm(x2d, self.weight, self.eps).view(shape)
+            out = kernels.add_rms_norm(x2d, residual.view(-1, shape[-1]), self.weight, self.eps)
+            return out.view(shape), residual
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -9,6 +9,8 @@ from functools import cache
 import torch
 from torch import nn
 
+from kernels.cpu import fused_bf16_kernels
+
 
 @dataclass(frozen=True)
 class RopeSpec:
@@ -79,6 +81,13 @@ class RotaryEmbedding(nn.Module):
             out1 = x1 * cos - x2 * sin,   out2 = x2 * cos + x1 * sin
         which rounds exactly as the Hugging Face form does.
         """
+        kernels = fused_bf16_kernels(query)
+        if kernels is not None and key.dtype == query.dtype:
+            # In place: q and k are views of this step's fresh qkv projection.
+            kernels.rotary_embedding(
+                query, key, positions, self.cos_cache, self.sin_cache, self.head_dim
+            )
+            return query, key
         cos, sin = self._lookup(positions)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from shared.errors import ConfigError
 from shared.logging import get_logger
+from worker.layers.embedding import ParallelLMHead
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
 
@@ -101,6 +102,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
+        elif isinstance(module, ParallelLMHead):
+            module.process_weights_after_loading()
 
 
 def build_model(

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.layers.quantization import cpu_packed
+
 
 class LinearMethodBase(ABC):
     @abstractmethod
@@ -45,5 +47,13 @@ class UnquantizedLinearMethod(LinearMethodBase):
         )
         layer.register_parameter("weight", weight)
 
+    def process_weights_after_loading(self, layer):
+        if cpu_packed.can_pack(layer.weight):
+            # Replaces the weight: a packed copy beside it would double the memory.
+            layer.weight = nn.Parameter(cpu_packed.pack(layer.weight.data), requires_grad=False)
+            layer.weight_is_packed = True
+
     def apply(self, layer, x, bias):
+        if getattr(layer, "weight_is_packed", False):
+            return cpu_packed.packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)

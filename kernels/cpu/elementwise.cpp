@@ -1,0 +1,189 @@
+// Fused bf16 elementwise kernels of a decoder layer: RMSNorm (with the
+// residual add before it), SiLU-and-mul and rotary embedding.
+//
+// PyTorch runs each of these as 4-8 separate ops, each a pass over memory
+// plus a dispatch; at decode batch sizes the dispatches dominate. Each kernel
+// here is one pass, one row per task on ATen's thread pool, arithmetic in
+// fp32 and a bf16 rounding wherever the plain-PyTorch twin rounds, so the
+// two agree to the last bit except for the order of the sum in the norm.
+//
+// Shapes:
+//   rms_norm, add_rms_norm:  x, residual [num_tokens, hidden], weight [hidden]
+//   silu_and_mul:            x [num_tokens, 2 * d] -> [num_tokens, d]
+//   rotary_embedding:        query [num_tokens, num_heads * head_dim] (row stride free),
+//                            key [num_tokens, num_kv_heads * head_dim] (row stride free),
+//                            positions [num_tokens] int64,
+//                            cos/sin_cache [max_position, head_dim] (both halves equal)
+// The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+inline float to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as torch's float -> bfloat16 conversion does (NaN kept quiet).
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float round_bf16(float f) { return to_f32(to_bf16(f)); }
+
+const uint16_t* bits(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+uint16_t* mutable_bits(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+
+void check_bf16_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, name, " must be bfloat16");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, " must be [rows, cols] with unit column stride");
+}
+
+// out[i] = w[i] * bf16(h[i] * rsqrt(mean(h^2) + eps)), h already bf16-rounded (fp32 here).
+inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n, float eps) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += h[i] * h[i];
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
+}
+
+constexpr int64_t kMaxHidden = 16384;
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  check_bf16_rows(x, "x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(n <= kMaxHidden, "rms_norm: hidden size ", n, " too large");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == n && weight.scalar_type() == torch::kBFloat16,
+              "weight must be a contiguous bf16 [hidden]");
+  auto out = torch::empty({rows, n}, x.options());
+  const uint16_t* xp = bits(x);
+  const uint16_t* wp = bits(weight);
+  uint16_t* op = mutable_bits(out);
+  const int64_t stride = x.stride(0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    float h[kMaxHidden];
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xp[r * stride + i]);
+      norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
+                           const torch::Tensor& weight, double eps) {
+  check_bf16_rows(x, "x");
+  check_bf16_rows(residual, "residual");
+  TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes(),
+              "residual must be contiguous and shaped like x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(n <= kMaxHidden, "add_rms_norm: hidden size ", n, " too large");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == n && weight.scalar_type() == torch::kBFloat16,
+              "weight must be a contiguous bf16 [hidden]");
+  auto out = torch::empty({rows, n}, x.options());
+  const uint16_t* xp = bits(x);
+  const uint16_t* wp = bits(weight);
+  uint16_t* rp = mutable_bits(residual);
+  uint16_t* op = mutable_bits(out);
+  const int64_t stride = x.stride(0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    float h[kMaxHidden];
+    for (int64_t r = begin; r < end; ++r) {
+      uint16_t* res = rp + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t sum = to_bf16(to_f32(xp[r * stride + i]) + to_f32(res[i]));
+        res[i] = sum;
+        h[i] = to_f32(sum);
+      }
+      norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+torch::Tensor silu_and_mul(const torch::Tensor& x) {
+  check_bf16_rows(x, "x");
+  const int64_t rows = x.size(0), d = x.size(1) / 2;
+  TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: last dim must be even");
+  auto out = torch::empty({rows, d}, x.options());
+  const uint16_t* xp = bits(x);
+  uint16_t* op = mutable_bits(out);
+  const int64_t stride = x.stride(0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* gate = xp + r * stride;
+      const uint16_t* up = gate + d;
+      uint16_t* o = op + r * d;
+      for (int64_t i = 0; i < d; ++i) {
+        const float g = to_f32(gate[i]);
+        const float act = round_bf16(g / (1.f + std::exp(-g)));
+        o[i] = to_bf16(act * to_f32(up[i]));
+      }
+    }
+  });
+  return out;
+}
+
+void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
+                      const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
+                      int64_t head_dim) {
+  check_bf16_rows(query, "query");
+  check_bf16_rows(key, "key");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),
+              "positions must be contiguous int64");
+  TORCH_CHECK(cos_cache.is_contiguous() && sin_cache.is_contiguous() &&
+                  cos_cache.scalar_type() == torch::kBFloat16 &&
+                  sin_cache.scalar_type() == torch::kBFloat16 && cos_cache.size(1) == head_dim,
+              "cos/sin caches must be contiguous bf16 [max_position, head_dim]");
+  TORCH_CHECK(query.size(1) % head_dim == 0 && key.size(1) % head_dim == 0 && head_dim % 2 == 0,
+              "query/key widths must be multiples of an even head_dim");
+  const int64_t rows = query.size(0), half = head_dim / 2;
+  const int64_t max_position = cos_cache.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const uint16_t* cp = bits(cos_cache);
+  const uint16_t* sp = bits(sin_cache);
+  struct Target {
+    uint16_t* base;
+    int64_t stride, heads;
+  } targets[2] = {{mutable_bits(query), query.stride(0), query.size(1) / head_dim},
+                  {mutable_bits(key), key.stride(0), key.size(1) / head_dim}};
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t p = pos[r];
+      TORCH_CHECK(p >= 0 && p < max_position, "rotary_embedding: position ", p, " out of range");
+      const uint16_t* c = cp + p * head_dim;
+      const uint16_t* s = sp + p * head_dim;
+      for (const Target& t : targets) {
+        for (int64_t h = 0; h < t.heads; ++h) {
+          uint16_t* x = t.base + r * t.stride + h * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
+            const float ci = to_f32(c[i]), si = to_f32(s[i]);
+            // Rounded per op, as the twin's bf16 tensor ops are.
+            const float o1 = round_bf16(round_bf16(x1 * ci) - round_bf16(x2 * si));
+            const float o2 = round_bf16(round_bf16(x2 * ci) + round_bf16(x1 * si));
+            x[i] = to_bf16(o1);
+            x[i + half] = to_bf16(o2);
+          }
+        }
+      }
+    }
+  });
+}

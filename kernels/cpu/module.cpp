@@ -1,0 +1,27 @@
+// The one Python module of the CPU kernels: each .cpp defines its functions,
+// this file binds them.
+#include <torch/extension.h>
+
+#include <tuple>
+
+bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
+                            const torch::Tensor& value_cache, const torch::Tensor& block_tables,
+                            const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
+                            torch::Tensor& out, double scale, int64_t sliding_window);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
+                           const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul(const torch::Tensor& x);
+void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
+                      const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
+                      int64_t head_dim);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention_decode", &paged_attention_decode, "Paged attention, one query per sequence");
+  m.def("supports", &supports, "Whether the decode kernel handles these head shapes");
+  m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [tokens, 2 * d] bf16");
+  m.def("rotary_embedding", &rotary_embedding, "NeoX-style RoPE in place on bf16 q and k");
+}

@@ -1,0 +1,95 @@
+"""The fused bf16 C++ kernels against their plain-PyTorch twins, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import load_cpu_kernels
+from worker.layers.activation import SiluAndMul
+from worker.layers.layernorm import RMSNorm
+from worker.layers.rotary import RopeSpec, RotaryEmbedding
+
+kernels = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to build the CPU kernels")
+
+
+def twin(monkeypatch, fn):
+    """Run `fn` with the C++ kernels switched off: the plain-PyTorch path."""
+    with monkeypatch.context() as m:
+        m.setenv("PAGODA_CPU_KERNELS", "0")
+        load_cpu_kernels.cache_clear()
+        try:
+            return fn()
+        finally:
+            m.undo()
+            load_cpu_kernels.cache_clear()
+
+
+def bf16(*shape, scale=1.0):
+    return (torch.randn(*shape) * scale).to(torch.bfloat16)
+
+
+@pytest.fixture
+def norm():
+    torch.manual_seed(0)
+    layer = RMSNorm(576, 1e-5, params_dtype=torch.bfloat16)
+    layer.weight.data = bf16(576)
+    return layer
+
+
+def test_rms_norm_equals_twin(norm, monkeypatch):
+    x = bf16(37, 576, scale=3.0)
+    assert torch.equal(norm(x), twin(monkeypatch, lambda: norm(x)))
+
+
+def test_add_rms_norm_equals_twin_and_updates_residual_in_place(norm, monkeypatch):
+    x, residual = bf16(37, 576), bf16(37, 576)
+    expected_out, expected_residual = twin(monkeypatch, lambda: norm(x, residual.clone()))
+    given = residual.clone()
+    out, new_residual = norm(x, given)
+    assert new_residual is given
+    assert torch.equal(out, expected_out)
+    assert torch.equal(new_residual, expected_residual)
+
+
+def test_per_head_norm_of_a_strided_view(monkeypatch):
+    # Qwen3's q_norm sees q as a column slice of the fused qkv output.
+    torch.manual_seed(1)
+    layer = RMSNorm(16, 1e-6, params_dtype=torch.bfloat16)
+    layer.weight.data = bf16(16)
+    qkv = bf16(5, 128)
+    q = qkv[:, :64].reshape(-1, 4, 16)
+    assert torch.equal(layer(q), twin(monkeypatch, lambda: layer(q)))
+
+
+def test_silu_and_mul_equals_twin(monkeypatch):
+    torch.manual_seed(2)
+    x = bf16(19, 2 * 1536, scale=4.0)
+    act = SiluAndMul()
+    out = act(x)
+    assert out.shape == (19, 1536)
+    assert torch.equal(out, twin(monkeypatch, lambda: act(x)))
+
+
+def test_rotary_in_place_on_qkv_views_equals_twin(monkeypatch):
+    torch.manual_seed(3)
+    rope = RotaryEmbedding(64, 4096, RopeSpec(theta=100000.0), torch.bfloat16)
+    qkv = bf16(37, 960)
+    positions = torch.randint(0, 4096, (37,))
+    q, k, v = qkv.clone().split([576, 192, 192], dim=-1)
+    expected_q, expected_k = twin(monkeypatch, lambda: rope(positions, q, k))
+    fused = qkv.clone()
+    fq, fk, fv = fused.split([576, 192, 192], dim=-1)
+    out_q, out_k = rope(positions, fq, fk)
+    assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
+    assert out_q.data_ptr() == fq.data_ptr()  # rotated in place
+    assert torch.equal(fv, qkv[:, 768:])  # v untouched
+
+
+def test_float32_keeps_the_twin():
+    # The exactness tests against transformers run float32 through plain PyTorch.
+    x = torch.randn(3, 8)
+    layer = RMSNorm(8)
+    expected = layer.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.eps))
+    assert torch.equal(layer(x), expected)

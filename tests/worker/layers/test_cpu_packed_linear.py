@@ -1,0 +1,67 @@
+"""bf16 linear weights prepacked for oneDNN on CPU, against F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker.layers.embedding import ParallelLMHead
+from worker.layers.linear import ReplicatedLinear
+from worker.layers.quantization import cpu_packed
+
+pytestmark = pytest.mark.skipif(
+    not cpu_packed.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16)),
+    reason="torch built without oneDNN linear packing",
+)
+
+
+def bf16_layer(bias: bool) -> ReplicatedLinear:
+    torch.manual_seed(0)
+    layer = ReplicatedLinear(96, 160, bias=bias, params_dtype=torch.bfloat16)
+    layer.weight.data = torch.randn(160, 96).to(torch.bfloat16)
+    if bias:
+        layer.bias.data = torch.randn(160).to(torch.bfloat16)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+def test_packed_linear_matches_f_linear(bias, rows):
+    layer = bf16_layer(bias)
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    expected = F.linear(x.float(), layer.weight.float(), None if not bias else layer.bias.float())
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.weight_is_packed and layer.weight.shape == (160, 96)
+    out = layer(x)
+    assert out.shape == (rows, 160) and out.dtype == torch.bfloat16
+    # Only the final bf16 rounding differs from the fp32 product: half an ulp.
+    ulp = expected.abs().clamp_min(1e-3) * 2**-8
+    assert bool(((out.float() - expected).abs() <= ulp).all())
+
+
+def test_float32_weights_stay_unpacked():
+    layer = ReplicatedLinear(8, 4, params_dtype=torch.float32)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert not getattr(layer, "weight_is_packed", False)
+    assert layer.weight.layout == torch.strided
+
+
+def test_packing_off_by_environment(monkeypatch):
+    monkeypatch.setenv("PAGODA_CPU_PACKED_LINEAR", "0")
+    layer = bf16_layer(False)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert not getattr(layer, "weight_is_packed", False)
+
+
+def test_tied_lm_head_packs_a_copy_and_keeps_the_embedding():
+    torch.manual_seed(0)
+    head = ParallelLMHead(300, 32, params_dtype=torch.bfloat16)
+    head.weight.data = torch.randn(300, 32).to(torch.bfloat16)
+    hidden = torch.randn(5, 32).to(torch.bfloat16)
+    expected = F.linear(hidden.float(), head.weight.float())
+    head.process_weights_after_loading()
+    assert head.packed_weight is not None and head.weight.layout == torch.strided
+    logits = head.compute_logits(hidden)
+    assert logits.shape == (5, 300)
+    assert bool(((logits.float() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all())
