@@ -77,7 +77,7 @@ def test_rotary_in_place_on_qkv_views_equals_twin(monkeypatch):
     rope = RotaryEmbedding(64, 4096, RopeSpec(theta=100000.0), torch.bfloat16)
     qkv = bf16(37, 960)
     positions = torch.randint(0, 4096, (37,))
-    q, k, v = qkv.clone().split([576, 192, 192], dim=-1)
+    q, k, _ = qkv.clone().split([576, 192, 192], dim=-1)
     expected_q, expected_k = twin(monkeypatch, lambda: rope(positions, q, k))
     fused = qkv.clone()
     fq, fk, fv = fused.split([576, 192, 192], dim=-1)
