@@ -22,6 +22,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 typedef float vec16 __attribute__((vector_size(64)));
@@ -35,6 +39,10 @@ inline vec16 load(const float* p) {
 
 inline vec16 load(const at::BFloat16* p) {
   // bf16 is the high half of an fp32: widen by shifting into place.
+#ifdef __AVX512F__
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return reinterpret_cast<vec16>(_mm512_slli_epi32(wide, 16));
+#else
   uint16_t raw[kLanes];
   std::memcpy(raw, p, sizeof(raw));
   uint32_t wide[kLanes];
@@ -42,6 +50,7 @@ inline vec16 load(const at::BFloat16* p) {
   vec16 v;
   std::memcpy(&v, wide, sizeof(v));
   return v;
+#endif
 }
 
 inline vec16 load(const at::Half* p) {
