@@ -48,7 +48,7 @@ class OfflineResult:
         return (self.prompt_tokens + self.output_tokens) / self.elapsed_s
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"kind": "offline", **asdict(self)}
         machine = data.pop("machine")  # last, the line reads left to right
         data["output_tokens_per_s"] = round(self.output_tokens_per_s, 2)
         data["total_tokens_per_s"] = round(self.total_tokens_per_s, 2)
