@@ -28,21 +28,23 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return model, flags
 
 
-def describe_machine() -> dict[str, Any]:
-    """CPU model and features, cores, torch version and its thread count, load."""
-    import torch
-
+def describe_machine(with_torch: bool = True) -> dict[str, Any]:
+    """CPU model and features, cores, load; torch's version and thread count unless
+    `with_torch` is False (a load-generating client need not import it)."""
     model, flags = _cpuinfo()
     machine: dict[str, Any] = {
         "cpu": model,
         "cpu_flags": [f for f in _FLAGS if f in flags],
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
     }
-    if torch.cuda.is_available():
-        machine["gpu"] = torch.cuda.get_device_name()
+    if with_torch:
+        import torch
+
+        machine["torch"] = torch.__version__
+        machine["threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            machine["gpu"] = torch.cuda.get_device_name()
     return machine
