@@ -53,7 +53,8 @@ def matmul_gflops(dtype, size: int = 2048, repeats: int = 5) -> float:
 
 
 def memory_gb_s(repeats: int = 5, num_bytes: int = _MEMORY_BYTES) -> dict[str, float]:
-    """Far larger than any cache, so it measures DRAM."""
+    """Copy and read bandwidth of a `num_bytes` tensor (the default is far larger than
+    any cache, so it measures DRAM)."""
     import torch
 
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
