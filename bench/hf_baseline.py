@@ -116,13 +116,12 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     if args.baseline != "hf-static":
         raise SystemExit(f"unknown baseline {args.baseline!r}; the one there is: hf-static")
     model, dtype = load_model(config)
-    workloads = resolve_workloads(args.workload, args.seed, model.config.vocab_size)
-    warm = workloads[0].requests[:1]
-    warm = (BenchRequest(warm[0].prompt_token_ids[:16], 4),)
-    generate_static(model, warm, 1, 0)  # the first call's one-time costs are not timed
+    vocab_size = model.config.vocab_size
+    workloads = resolve_workloads(args.workload, args.seed, vocab_size, args.num_requests)
+    # One short request first: the first call's one-time costs are not timed.
+    first = workloads[0].requests[0]
+    generate_static(model, (BenchRequest(first.prompt_token_ids[:16], 4),), 1, pad_id=0)
     for workload in workloads:
-        if args.num_requests:
-            workload = workload.head(args.num_requests)
         for batch_size in args.batch:
             result = run_hf_static(model, dtype, workload, batch_size, config.model.model)
             emit(result.to_json(), args.output)

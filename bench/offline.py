@@ -96,11 +96,10 @@ def main(args: argparse.Namespace) -> int:
     from worker import LLM
 
     llm = LLM(config=config)
-    workloads = resolve_workloads(args.workload, args.seed, llm.engine.vocab_size)
+    vocab_size = llm.engine.vocab_size
+    workloads = resolve_workloads(args.workload, args.seed, vocab_size, args.num_requests)
     warm_up(llm)
     for workload in workloads:
-        if args.num_requests:
-            workload = workload.head(args.num_requests)
         result = run_offline(llm, workload, model=config.model.model)
         emit(result.to_json(), args.output)
     return 0

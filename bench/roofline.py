@@ -116,9 +116,8 @@ def main(args: argparse.Namespace) -> int:
     flops = ModelFlops.from_spec(spec)
     results = read_records([args.result]) if args.result else []
     peaks = measure_peaks(args.matmul_size, args.repeats)
-    for workload in resolve_workloads(args.workload, args.seed, spec.vocab_size):
-        if args.num_requests:
-            workload = workload.head(args.num_requests)
+    workloads = resolve_workloads(args.workload, args.seed, spec.vocab_size, args.num_requests)
+    for workload in workloads:
         record = bound_record(flops, workload, peaks, results)
         emit({**record, "model": args.model, "machine": describe_machine()}, args.output)
     return 0

@@ -184,9 +184,11 @@ async def benchmark(
 
 
 def main(args: argparse.Namespace) -> int:
-    (workload,) = resolve_workloads(args.workload, args.seed, args.vocab_size or DEFAULT_VOCAB_SIZE)
-    if args.num_requests:
-        workload = workload.head(args.num_requests)
+    vocab_size = args.vocab_size or DEFAULT_VOCAB_SIZE
+    workloads = resolve_workloads(args.workload, args.seed, vocab_size, args.num_requests)
+    if len(workloads) != 1:
+        raise SystemExit("pagoda bench serve runs one workload at a time")
+    workload = workloads[0]
     load = LoadConfig(args.concurrency, args.request_rate, args.seed)
     summary = asyncio.run(
         benchmark(args.base_url, workload, load, args.model, args.api_key, args.timeout)

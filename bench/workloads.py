@@ -200,17 +200,22 @@ def make_workload(name: str, seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE
 
 
 def resolve_workloads(
-    spec: str, seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE
+    spec: str,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    num_requests: int | None = None,
 ) -> list[Workload]:
-    """`--workload` values: a name, `all`, or the path of a workload JSON file."""
+    """`--workload` values: a name, `all`, or the path of a workload JSON file; each
+    cut to its first `num_requests` requests when given (`--num-requests`)."""
     if spec == "all":
-        return [make_workload(name, seed, vocab_size) for name in WORKLOADS]
-    if spec in WORKLOADS:
-        return [make_workload(spec, seed, vocab_size)]
-    path = Path(spec)
-    if not path.is_file():
+        workloads = [make_workload(name, seed, vocab_size) for name in WORKLOADS]
+    elif spec in WORKLOADS:
+        workloads = [make_workload(spec, seed, vocab_size)]
+    elif Path(spec).is_file():
+        workloads = [Workload.load(spec)]
+    else:
         raise ValueError(
             f"--workload {spec!r} is neither a workload ({', '.join(WORKLOADS)}, all) "
             "nor a workload JSON file"
         )
-    return [Workload.load(path)]
+    return [w.head(num_requests) if num_requests else w for w in workloads]

@@ -96,5 +96,7 @@ def test_resolve_names_all_and_files(tmp_path):
     make_workload("decode", seed=9).save(tmp_path / "d.json")
     (loaded,) = resolve_workloads(str(tmp_path / "d.json"))
     assert loaded == make_workload("decode", seed=9)
+    cut = resolve_workloads("all", num_requests=2)
+    assert [w.name for w in cut] == [f"{name}[:2]" for name in WORKLOADS]
     with pytest.raises(ValueError, match="neither a workload"):
         resolve_workloads("nonsense")
