@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("worker.service.cli", "Serve one model over gRPC (token ids in, token ids out)."),
     "router": ("router.cli", "Serve the OpenAI HTTP and gRPC text APIs in front of workers."),
     "serve": ("router.serve", "Serve a model on this machine: a router and N workers."),
+    "bench": ("bench.cli", "Benchmarks: workloads, offline and online runs, roofline, summary."),
 }
 
 

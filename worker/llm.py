@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.errors import InvalidRequestError
@@ -59,8 +59,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: Sequence[int] | None = None,
         detokenize: bool = True,
+        on_step: Callable[[SchedulerStats], None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); results come back in order."""
+        """Generate for every prompt (text or token ids); results come back in order.
+
+        `on_step`, when given, receives every engine step's `SchedulerStats` as the step
+        ends (benchmarks integrate KV use and waste over steps with it).
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -92,6 +97,8 @@ class LLM:
         while self.engine.has_unfinished_requests():
             step = self.engine.step()
             self.last_stats = step.stats
+            if on_step is not None:
+                on_step(step.stats)
             for delta in step.deltas:
                 _apply_delta(results[delta.request_id], delta)
         if detokenize and self._can_detokenize():

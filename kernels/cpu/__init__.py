@@ -28,8 +28,11 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
 
 def _build_dir() -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
+    # And by the sources' paths: ninja's build command names them, so two checkouts
+    # sharing one folder would each rebuild the other's build on every load.
     digest = hashlib.sha256()
     for source in _SOURCES:
+        digest.update(str(source.resolve()).encode())
         digest.update(source.read_bytes())
     digest.update(" ".join(_FLAGS).encode())
     digest.update(platform.machine().encode())

@@ -138,3 +138,18 @@ def test_kv_cache_too_small_for_max_model_len_says_what_to_change(llama):
 def test_missing_folder_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         LLM(str(tmp_path / "nope"))
+
+
+def test_on_step_sees_every_step_stats(llm):
+    # 8 prompt tokens in blocks of 4: one prefill step, then one step per further token.
+    prompt = random_prompts([8], seed=21)[0]
+    seen = []
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([prompt], params, on_step=seen.append)
+    first = seen[0].step
+    assert [s.step for s in seen] == [first, first + 1, first + 2, first + 3]
+    assert [s.num_scheduled_tokens for s in seen] == [8, 1, 1, 1]
+    # Computed tokens against slots in the request's blocks; the last step frees them.
+    assert [s.kv_tokens_held for s in seen] == [8, 9, 10, 0]
+    assert [s.kv_slots_allocated for s in seen] == [8, 12, 12, 0]
+    assert seen[-1] is llm.last_stats

@@ -1,0 +1,123 @@
+"""`pagoda bench roofline`: this machine's measured peak, and the workload's bound.
+
+Measured with every thread torch may use, best of `--repeats` timings each:
+
+* matmul peak, GFLOP/s, for float32 and bfloat16: `torch.mm` of two square
+  n x n matrices (2 n^3 FLOPs).
+* memory bandwidth, GB/s: copying a 256 MiB tensor (bytes read + written) and
+  summing it (bytes read).
+
+The compute bound of a workload, in total (prompt + output) tokens/s, is what an
+engine would reach if every FLOP of bench/model_flops.py ran at the matmul peak:
+
+    bound = (prompt_tokens + output_tokens) / (workload FLOPs / peak FLOP/s)
+
+Given offline results (`--result FILE`), each line for the same workload is rated
+as a fraction of the float32 and bfloat16 bounds. A prefix cache skips work the
+count includes, so shared-prefix results can exceed their bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+from bench.jsonl import emit, read_records
+from bench.machine import describe_machine
+from bench.model_flops import ModelFlops
+from bench.workloads import Workload, resolve_workloads
+
+_MEMORY_BYTES = 256 * 2**20
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # first call: allocation, thread-pool start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_gflops(dtype, size: int = 2048, repeats: int = 5) -> float:
+    import torch
+
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
+    seconds = _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    return 2 * size**3 / seconds / 1e9
+
+
+def memory_gb_s(repeats: int = 5, num_bytes: int = _MEMORY_BYTES) -> dict[str, float]:
+    """Copy and read bandwidth of a `num_bytes` tensor (the default is far larger than
+    any cache, so it measures DRAM)."""
+    import torch
+
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy = _best_seconds(lambda: dst.copy_(src), repeats)
+    read = _best_seconds(src.sum, repeats)
+    return {"copy": 2 * num_bytes / copy / 1e9, "read": num_bytes / read / 1e9}
+
+
+def measure_peaks(size: int, repeats: int) -> dict[str, dict[str, float]]:
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    return {
+        "matmul_gflops": {
+            "float32": matmul_gflops(torch.float32, size, repeats),
+            "bfloat16": matmul_gflops(torch.bfloat16, size, repeats),
+        },
+        "memory_gb_s": memory_gb_s(repeats),
+    }
+
+
+def bound_record(flops: ModelFlops, workload: Workload, peaks: dict, results: list[dict]) -> dict:
+    """The workload's bound at each measured peak, and each result's fraction of it."""
+    workload_flops = flops.workload_flops(workload)
+    num_tokens = workload.num_prompt_tokens + workload.num_output_tokens
+    bounds = {
+        dtype: num_tokens / (workload_flops / (gflops * 1e9))
+        for dtype, gflops in peaks["matmul_gflops"].items()
+    }
+    rated = [
+        {
+            "engine": r["engine"],
+            "dtype": r.get("dtype"),
+            "total_tokens_per_s": r["total_tokens_per_s"],
+            **{f"fraction_of_{d}_bound": r["total_tokens_per_s"] / b for d, b in bounds.items()},
+        }
+        for r in results
+        if r.get("workload") == workload.name and "total_tokens_per_s" in r
+    ]
+    return {
+        "kind": "roofline",
+        "workload": workload.name,
+        "requests": len(workload.requests),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+        "gflop": workload_flops / 1e9,
+        **peaks,
+        "bound_total_tokens_per_s": bounds,
+        "results": rated,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from worker.models.loader import resolve_model_path
+    from worker.models.spec import ModelSpec
+
+    spec = ModelSpec.from_folder(resolve_model_path(args.model))
+    flops = ModelFlops.from_spec(spec)
+    results = read_records([args.result]) if args.result else []
+    peaks = measure_peaks(args.matmul_size, args.repeats)
+    workloads = resolve_workloads(args.workload, args.seed, spec.vocab_size, args.num_requests)
+    for workload in workloads:
+        record = bound_record(flops, workload, peaks, results)
+        emit({**record, "model": args.model, "machine": describe_machine()}, args.output)
+    return 0
