@@ -23,6 +23,7 @@ _SOURCES = [
     Path(__file__).with_name(name)
     for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp")
 ]
+_HEADERS = [Path(__file__).with_name("vec16.h")]
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
 
 
@@ -31,7 +32,7 @@ def _build_dir() -> Path:
     # And by the sources' paths: ninja's build command names them, so two checkouts
     # sharing one folder would each rebuild the other's build on every load.
     digest = hashlib.sha256()
-    for source in _SOURCES:
+    for source in [*_SOURCES, *_HEADERS]:
         digest.update(str(source.resolve()).encode())
         digest.update(source.read_bytes())
     digest.update(" ".join(_FLAGS).encode())

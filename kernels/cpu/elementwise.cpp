@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vec16.h"
+
 namespace {
 
 inline float to_f32(uint16_t h) {
@@ -131,7 +133,14 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
       const uint16_t* gate = xp + r * stride;
       const uint16_t* up = gate + d;
       uint16_t* o = op + r * d;
-      for (int64_t i = 0; i < d; ++i) {
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes) {
+        const vec16 g = load(reinterpret_cast<const at::BFloat16*>(gate + i));
+        const vec16 u = load(reinterpret_cast<const at::BFloat16*>(up + i));
+        const vec16 act = g / (1.f + exp16(-g));
+        for (int j = 0; j < kLanes; ++j) o[i + j] = to_bf16(round_bf16(act[j]) * u[j]);
+      }
+      for (; i < d; ++i) {
         const float g = to_f32(gate[i]);
         const float act = round_bf16(g / (1.f + std::exp(-g)));
         o[i] = to_bf16(act * to_f32(up[i]));
