@@ -46,7 +46,7 @@ def test_mixed_sizes():
     assert min(prompt_lens) >= 16 and max(prompt_lens) <= 256
     assert min(outputs) >= 16 and max(outputs) <= 128
     assert len(set(prompt_lens)) > 30  # drawn, not constant
-    assert (workload.num_prompt_tokens, workload.num_output_tokens) == (8515, 4917)
+    assert (workload.num_prompt_tokens, workload.num_output_tokens) == (7897, 4694)
 
 
 @pytest.mark.parametrize(
@@ -100,3 +100,14 @@ def test_resolve_names_all_and_files(tmp_path):
     assert [w.name for w in cut] == [f"{name}[:2]" for name in WORKLOADS]
     with pytest.raises(ValueError, match="neither a workload"):
         resolve_workloads("nonsense")
+
+
+def test_workloads_share_no_prompt_block():
+    # Several workloads run in one engine: none may hit the cache on another's blocks.
+    blocks = {}
+    for name in WORKLOADS:
+        for request in make_workload(name).requests:
+            ids = request.prompt_token_ids
+            for start in range(0, len(ids) - 15, 16):
+                owner = blocks.setdefault(tuple(ids[: start + 16]), name)
+                assert owner == name, f"{name} shares a prompt block with {owner}"

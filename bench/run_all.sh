@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Every measured run behind the performance note, one engine at a time, in one go:
+#   bench/run_all.sh MODEL_DIR [OUT_DIR]
+# Run it on a quiet machine (nothing else on the cores). vLLM runs when its venv
+# exists (docs/VLLM_REFERENCE.md; VLLM_PY overrides the path).
+set -euo pipefail
+MODEL=${1:?usage: bench/run_all.sh MODEL_DIR [OUT_DIR]}
+OUT=${2:-bench/results}
+VLLM_PY=${VLLM_PY:-/work/venvs/vllm/bin/python}
+PORT=${PORT:-8321}
+WORKLOADS=(mixed decode prefill shared-prefix chat)
+mkdir -p "$OUT/workloads"
+PAGODA=(python -m shared.cli)
+
+for w in "${WORKLOADS[@]}"; do
+  "${PAGODA[@]}" bench workload "$w" --out "$OUT/workloads/$w.json"
+done
+files=("${WORKLOADS[@]/#/$OUT/workloads/}")
+files=("${files[@]/%/.json}")
+
+echo "== roofline (machine peaks)" >&2
+"${PAGODA[@]}" bench roofline --model "$MODEL" --workload all --output "$OUT/roofline.jsonl"
+
+echo "== pagoda offline" >&2
+"${PAGODA[@]}" bench offline --model "$MODEL" --workload all --output "$OUT/offline.jsonl"
+"${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/shared-prefix.json" \
+  --no-enable-prefix-caching --output "$OUT/offline.jsonl"
+
+echo "== transformers static batches" >&2
+"${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
+  --baseline hf-static --batch 1 16 --output "$OUT/offline.jsonl"
+
+if [[ -x "$VLLM_PY" ]]; then
+  echo "== vLLM CPU" >&2
+  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 \
+    --workload "${files[@]}" --output "$OUT/offline.jsonl"
+  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 \
+    --workload "$OUT/workloads/shared-prefix.json" --no-enable-prefix-caching \
+    --output "$OUT/offline.jsonl"
+fi
+
+echo "== pagoda serve" >&2
+"${PAGODA[@]}" serve "$MODEL" --port "$PORT" >"$OUT/serve.log" 2>&1 &
+server=$!
+trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+  sleep 1
+done
+for c in 1 16 64; do
+  "${PAGODA[@]}" bench serve --base-url "http://127.0.0.1:$PORT" \
+    --workload "$OUT/workloads/mixed.json" --concurrency "$c" --engine pagoda \
+    --output "$OUT/serve.jsonl"
+done
+
+"${PAGODA[@]}" bench roofline --model "$MODEL" --workload all --result "$OUT/offline.jsonl" \
+  --output "$OUT/roofline.jsonl"
+"${PAGODA[@]}" bench summary "$OUT"/offline.jsonl "$OUT"/serve.jsonl "$OUT"/roofline.jsonl \
+  >"$OUT/SUMMARY.md"
+cat "$OUT/SUMMARY.md"
