@@ -49,7 +49,7 @@ for _ in $(seq 600); do
 done
 for c in 1 16 64; do
   "${PAGODA[@]}" bench serve --base-url "http://127.0.0.1:$PORT" \
-    --workload "$OUT/workloads/mixed.json" --concurrency "$c" --engine pagoda \
+    --workload mixed --seed "$c" --concurrency "$c" --engine pagoda \
     --output "$OUT/serve.jsonl"
 done
 

@@ -21,7 +21,7 @@ logger = get_logger(__name__)
 
 _SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp")
+    for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp", "cache_write.cpp")
 ]
 _HEADERS = [Path(__file__).with_name("vec16.h")]
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]

@@ -137,8 +137,7 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
       for (; i + kLanes <= d; i += kLanes) {
         const vec16 g = load(reinterpret_cast<const at::BFloat16*>(gate + i));
         const vec16 u = load(reinterpret_cast<const at::BFloat16*>(up + i));
-        const vec16 act = g / (1.f + exp16(-g));
-        for (int j = 0; j < kLanes; ++j) o[i + j] = to_bf16(round_bf16(act[j]) * u[j]);
+        store_bf16(o + i, round_bf16(g / (1.f + exp16(-g))) * u);
       }
       for (; i < d; ++i) {
         const float g = to_f32(gate[i]);

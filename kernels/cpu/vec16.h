@@ -58,6 +58,24 @@ inline float sum(vec16 v) {
 
 inline vec16 broadcast(float x) { return vec16{} + x; }
 
+typedef uint32_t uvec16 __attribute__((vector_size(64)));
+typedef uint16_t hvec16 __attribute__((vector_size(32)));
+
+// Round each lane to the nearest bf16 (ties to even), as torch's conversion does
+// for finite values; the result is still an fp32 vector.
+inline vec16 round_bf16(vec16 v) {
+  uvec16 u = reinterpret_cast<uvec16>(v);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return reinterpret_cast<vec16>(u);
+}
+
+// Store 16 finite fp32 lanes as bf16 (ties to even).
+inline void store_bf16(uint16_t* out, vec16 v) {
+  const uvec16 u = reinterpret_cast<uvec16>(round_bf16(v)) >> 16;
+  const hvec16 h = __builtin_convertvector(u, hvec16);
+  std::memcpy(out, &h, sizeof(h));
+}
+
 // exp(x) for x in [-87, 88] (clamped there): 2^n * p(r) with x = n ln2 + r,
 // |r| <= ln2 / 2, p a degree-6 polynomial; relative error about 2e-7, like expf.
 inline vec16 exp16(vec16 x) {

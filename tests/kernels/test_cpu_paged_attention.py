@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.cpu import load_cpu_kernels
-from kernels.paged_attention_reference import paged_attention_reference
+from kernels.paged_attention_reference import paged_attention_reference, write_kv_reference
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to build the CPU kernels")
@@ -63,3 +63,26 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
     untouched = torch.ones(12, dtype=torch.bool)
     untouched[rows] = False
     assert out[untouched].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_cache_matches_reference(dtype):
+    torch.manual_seed(0)
+    num_blocks, block_size, heads, head_dim = 8, 4, 3, 16
+    # K and V as the attention layer passes them: column slices of one fused qkv row.
+    qkv = torch.randn(5, 4 * heads * head_dim).to(dtype)
+    key = qkv[:, 2 * heads * head_dim : 3 * heads * head_dim].view(5, heads, head_dim)
+    value = qkv[:, 3 * heads * head_dim :].view(5, heads, head_dim)
+    slots = torch.tensor([31, 0, 7, 12, 13])
+    caches = [torch.zeros(num_blocks, block_size, heads, head_dim, dtype=dtype) for _ in range(4)]
+    kernels.write_kv_cache(key, value, caches[0], caches[1], slots)
+    write_kv_reference(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[0].view(-1, heads, head_dim)[31], key[0])
+
+
+def test_write_kv_cache_rejects_a_slot_outside_the_cache():
+    cache = torch.zeros(2, 4, 1, 16)
+    rows = torch.zeros(1, 1, 16)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernels.write_kv_cache(rows, rows, cache, cache.clone(), torch.tensor([8]))

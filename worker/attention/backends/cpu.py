@@ -63,9 +63,7 @@ class CPUAttentionBackend(AttentionBackend):
                 query, key, value, key_cache, value_cache, metadata, scale, sliding_window
             )
         plan: CPUAttentionPlan = metadata.backend_plan
-        num_kv_heads, head_dim = key.shape[1], key.shape[2]
-        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, key)
-        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, value)
+        self.kernels.write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         query = query.contiguous()
         out = torch.empty_like(query)
         if plan.decode_seq_ids:
