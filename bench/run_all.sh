@@ -11,6 +11,9 @@ PORT=${PORT:-8321}
 WORKLOADS=(mixed decode prefill shared-prefix chat)
 mkdir -p "$OUT/workloads"
 PAGODA=(python -m shared.cli)
+# Offline, both engines get vLLM's offline token budget per step (its LLM defaults
+# to 4096 on CPU); served, both keep their server default (2048).
+BUDGET=(--max-num-batched-tokens 4096)
 
 for w in "${WORKLOADS[@]}"; do
   "${PAGODA[@]}" bench workload "$w" --out "$OUT/workloads/$w.json"
@@ -22,9 +25,12 @@ echo "== roofline (machine peaks)" >&2
 "${PAGODA[@]}" bench roofline --model "$MODEL" --workload all --output "$OUT/roofline.jsonl"
 
 echo "== pagoda offline" >&2
-"${PAGODA[@]}" bench offline --model "$MODEL" --workload all --output "$OUT/offline.jsonl"
+for f in "${files[@]}"; do  # a fresh engine per workload, as each would run alone
+  "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" \
+    --output "$OUT/offline.jsonl"
+done
 "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/shared-prefix.json" \
-  --no-enable-prefix-caching --output "$OUT/offline.jsonl"
+  --no-enable-prefix-caching "${BUDGET[@]}" --output "$OUT/offline.jsonl"
 
 echo "== transformers static batches" >&2
 "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
@@ -32,9 +38,9 @@ echo "== transformers static batches" >&2
 
 if [[ -x "$VLLM_PY" ]]; then
   echo "== vLLM CPU" >&2
-  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 \
+  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 "${BUDGET[@]}" \
     --workload "${files[@]}" --output "$OUT/offline.jsonl"
-  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 \
+  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 "${BUDGET[@]}" \
     --workload "$OUT/workloads/shared-prefix.json" --no-enable-prefix-caching \
     --output "$OUT/offline.jsonl"
 fi
