@@ -133,9 +133,10 @@ def serve_table(records: list[dict[str, Any]]) -> list[str]:
 
 def summarize_files(paths: list[str]) -> str:
     records = read_records(paths)
-    # Load differs line to line; the machine is its CPU, cores and torch.
+    # Load differs line to line, and so does software (a serve client imports no
+    # torch, vLLM brings its own): the machine is its CPU and cores.
     machines = {
-        tuple(r["machine"].get(k) for k in ("cpu", "cores", "torch"))
+        tuple(r["machine"].get(k) for k in ("cpu", "cores"))
         for r in records
         if "machine" in r
     }

@@ -83,3 +83,17 @@ def test_summary_table(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == EXPECTED
+
+
+def test_machine_note_only_for_other_hardware(tmp_path):
+    same = [
+        offline("pagoda", "mixed", 800.0, 300.0, 15.0),
+        # A serve client reports no torch; vLLM's venv has its own.
+        offline("vllm-cpu", "mixed", 700.0, 250.0, 17.0, machine={"cpu": "Test CPU", "cores": 2}),
+    ]
+    path = tmp_path / "same.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in same))
+    assert "different machines" not in summarize_files([str(path)])
+    other = [*same, offline("x", "mixed", 1.0, 1.0, 1.0, machine={"cpu": "Other", "cores": 8})]
+    path.write_text("".join(json.dumps(r) + "\n" for r in other))
+    assert "these lines come from 2 different machines" in summarize_files([str(path)])
