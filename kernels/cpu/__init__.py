@@ -24,7 +24,10 @@ _SOURCES = [
     for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp", "cache_write.cpp")
 ]
 _HEADERS = [Path(__file__).with_name("vec16.h")]
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
+# -fopenmp: at::parallel_for is header code that runs its loop on torch's OpenMP
+# threads only when the extension itself is built with OpenMP (without it every
+# kernel silently ran on one thread).
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 
 
 def _build_dir() -> Path:
@@ -69,6 +72,7 @@ def load_cpu_kernels() -> ModuleType | None:
             name="pagoda_cpu_kernels",
             sources=[str(s) for s in _SOURCES],
             extra_cflags=_FLAGS,
+            extra_ldflags=["-fopenmp"],
             build_directory=str(_build_dir()),
             verbose=False,
         )
