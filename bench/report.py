@@ -136,9 +136,7 @@ def summarize_files(paths: list[str]) -> str:
     # Load differs line to line, and so does software (a serve client imports no
     # torch, vLLM brings its own): the machine is its CPU and cores.
     machines = {
-        tuple(r["machine"].get(k) for k in ("cpu", "cores"))
-        for r in records
-        if "machine" in r
+        tuple(r["machine"].get(k) for k in ("cpu", "cores")) for r in records if "machine" in r
     }
     lines = offline_tables(records) + serve_table(records)
     if len(machines) > 1:
