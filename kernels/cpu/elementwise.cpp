@@ -66,10 +66,15 @@ inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n
 
 constexpr int64_t kMaxHidden = 16384;
 
-}  // namespace
-
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+// RMSNorm of each row of x, first adding it into `residual` (in place) when given.
+torch::Tensor norm_rows(const torch::Tensor& x, torch::Tensor* residual, const torch::Tensor& weight,
+                        double eps) {
   check_bf16_rows(x, "x");
+  if (residual != nullptr) {
+    check_bf16_rows(*residual, "residual");
+    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes(),
+                "residual must be contiguous and shaped like x");
+  }
   const int64_t rows = x.size(0), n = x.size(1);
   TORCH_CHECK(n <= kMaxHidden, "rms_norm: hidden size ", n, " too large");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == n && weight.scalar_type() == torch::kBFloat16,
@@ -77,47 +82,37 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   auto out = torch::empty({rows, n}, x.options());
   const uint16_t* xp = bits(x);
   const uint16_t* wp = bits(weight);
+  uint16_t* rp = residual != nullptr ? mutable_bits(*residual) : nullptr;
   uint16_t* op = mutable_bits(out);
   const int64_t stride = x.stride(0);
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     float h[kMaxHidden];
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xp[r * stride + i]);
+      const uint16_t* xr = xp + r * stride;
+      if (rp == nullptr) {
+        for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xr[i]);
+      } else {
+        uint16_t* res = rp + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          res[i] = to_bf16(to_f32(xr[i]) + to_f32(res[i]));
+          h[i] = to_f32(res[i]);
+        }
+      }
       norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
     }
   });
   return out;
 }
 
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return norm_rows(x, nullptr, weight, eps);
+}
+
 torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
                            const torch::Tensor& weight, double eps) {
-  check_bf16_rows(x, "x");
-  check_bf16_rows(residual, "residual");
-  TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes(),
-              "residual must be contiguous and shaped like x");
-  const int64_t rows = x.size(0), n = x.size(1);
-  TORCH_CHECK(n <= kMaxHidden, "add_rms_norm: hidden size ", n, " too large");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == n && weight.scalar_type() == torch::kBFloat16,
-              "weight must be a contiguous bf16 [hidden]");
-  auto out = torch::empty({rows, n}, x.options());
-  const uint16_t* xp = bits(x);
-  const uint16_t* wp = bits(weight);
-  uint16_t* rp = mutable_bits(residual);
-  uint16_t* op = mutable_bits(out);
-  const int64_t stride = x.stride(0);
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    float h[kMaxHidden];
-    for (int64_t r = begin; r < end; ++r) {
-      uint16_t* res = rp + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t sum = to_bf16(to_f32(xp[r * stride + i]) + to_f32(res[i]));
-        res[i] = sum;
-        h[i] = to_f32(sum);
-      }
-      norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
-    }
-  });
-  return out;
+  return norm_rows(x, &residual, weight, eps);
 }
 
 torch::Tensor silu_and_mul(const torch::Tensor& x) {
