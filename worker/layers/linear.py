@@ -53,6 +53,9 @@ class LinearBase(nn.Module):
     ) -> None:
         param.data.copy_(loaded)
 
+    def process_weights_after_loading(self) -> None:
+        self.quant_method.process_weights_after_loading(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
 

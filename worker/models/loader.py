@@ -12,7 +12,6 @@ from torch import nn
 
 from shared.errors import ConfigError
 from shared.logging import get_logger
-from worker.layers.embedding import ParallelLMHead
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
 
@@ -98,12 +97,11 @@ def load_weights(model: nn.Module, path: Path) -> None:
     missing = [n for n, count in expected.items() if loaded.get(n, 0) != count]
     if missing:
         raise ConfigError(f"checkpoint at {path} lacks weights for: {', '.join(missing[:8])}")
+    # Layers that repack what they loaded (quantized or prepacked linears, the LM head).
     for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            method.process_weights_after_loading(module)
-        elif isinstance(module, ParallelLMHead):
-            module.process_weights_after_loading()
+        hook = getattr(module, "process_weights_after_loading", None)
+        if hook is not None:
+            hook()
 
 
 def build_model(

@@ -31,7 +31,7 @@ def test_packed_linear_matches_f_linear(bias, rows):
     layer = bf16_layer(bias)
     x = torch.randn(rows, 96).to(torch.bfloat16)
     expected = F.linear(x.float(), layer.weight.float(), None if not bias else layer.bias.float())
-    layer.quant_method.process_weights_after_loading(layer)
+    layer.process_weights_after_loading()
     assert layer.weight_is_packed and layer.weight.shape == (160, 96)
     out = layer(x)
     assert out.shape == (rows, 160) and out.dtype == torch.bfloat16
@@ -42,7 +42,7 @@ def test_packed_linear_matches_f_linear(bias, rows):
 
 def test_float32_weights_stay_unpacked():
     layer = ReplicatedLinear(8, 4, params_dtype=torch.float32)
-    layer.quant_method.process_weights_after_loading(layer)
+    layer.process_weights_after_loading()
     assert not getattr(layer, "weight_is_packed", False)
     assert layer.weight.layout == torch.strided
 
@@ -50,7 +50,7 @@ def test_float32_weights_stay_unpacked():
 def test_packing_off_by_environment(monkeypatch):
     monkeypatch.setenv("PAGODA_CPU_PACKED_LINEAR", "0")
     layer = bf16_layer(False)
-    layer.quant_method.process_weights_after_loading(layer)
+    layer.process_weights_after_loading()
     assert not getattr(layer, "weight_is_packed", False)
 
 
