@@ -37,5 +37,11 @@ def cpu_kernels() -> bool:
     return os.environ.get("PAGODA_CPU_KERNELS", "1") not in ("0", "false", "False")
 
 
+def cpu_amx_prefill() -> bool:
+    """Whether prefill attention uses the AMX kernel where the CPU has AMX (on
+    unless set to 0: torch's SDPA, for comparing the two)."""
+    return os.environ.get("PAGODA_CPU_AMX_PREFILL", "1") not in ("0", "false", "False")
+
+
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

@@ -21,7 +21,13 @@ logger = get_logger(__name__)
 
 _SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("module.cpp", "paged_attention_decode.cpp", "elementwise.cpp", "cache_write.cpp")
+    for name in (
+        "module.cpp",
+        "paged_attention_decode.cpp",
+        "paged_attention_prefill.cpp",
+        "elementwise.cpp",
+        "cache_write.cpp",
+    )
 ]
 _HEADERS = [Path(__file__).with_name("vec16.h")]
 # -fopenmp: at::parallel_for is header code that runs its loop on torch's OpenMP

@@ -9,6 +9,11 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                             const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
                             torch::Tensor& out, double scale, int64_t sliding_window);
+bool prefill_supported(int64_t head_dim);
+void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& key_cache,
+                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
+                             const torch::Tensor& seq_lens, const torch::Tensor& query_ranges,
+                             torch::Tensor& out, double scale, int64_t sliding_window);
 void write_kv_cache(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& key_cache,
                     torch::Tensor& value_cache, const torch::Tensor& slot_mapping);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
@@ -22,6 +27,9 @@ void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Ten
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention_decode", &paged_attention_decode, "Paged attention, one query per sequence");
   m.def("supports", &supports, "Whether the decode kernel handles these head shapes");
+  m.def("paged_attention_prefill", &paged_attention_prefill,
+        "Paged attention over many new rows per sequence (AMX tiles)");
+  m.def("prefill_supported", &prefill_supported, "Whether this build and CPU run the prefill kernel");
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it");

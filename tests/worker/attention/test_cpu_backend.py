@@ -10,10 +10,20 @@ from worker.attention.metadata import AttentionMetadata
 
 
 @pytest.mark.parametrize(
-    "window, head_dim", [(None, 16), (6, 16), (None, 24)], ids=["full", "window", "fallback"]
+    "window, head_dim, dtype",
+    [
+        (None, 16, torch.float32),
+        (6, 16, torch.float32),
+        (None, 24, torch.float32),
+        (None, 64, torch.bfloat16),
+        (5, 64, torch.bfloat16),
+    ],
+    ids=["full", "window", "fallback", "bf16", "bf16-window"],
 )
-def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim):
-    """head_dim 24 is not a multiple of 16: the backend falls back to the reference."""
+def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim, dtype):
+    """head_dim 24 is not a multiple of 16: the backend falls back to the reference.
+    bf16 with head_dim 64 takes the AMX prefill kernel where the CPU has AMX (SDPA
+    elsewhere); the reference then runs in fp32 on the same bf16 values."""
     torch.manual_seed(1)
     num_heads, num_kv_heads, block_size, num_blocks = 6, 2, 4, 40
     # (cached context, new tokens): decode, fresh prefill, chunk after a prefix, decode.
@@ -44,11 +54,14 @@ def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim):
         query_start_loc.append(query_start_loc[-1] + new)
         seq_lens.append(total)
     num_tokens = query_start_loc[-1]
-    query = torch.randn(num_tokens, num_heads, head_dim)
-    key = torch.randn(num_tokens, num_kv_heads, head_dim)
-    value = torch.randn(num_tokens, num_kv_heads, head_dim)
+    query = torch.randn(num_tokens, num_heads, head_dim).to(dtype)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    caches["cpu"] = tuple(c.to(dtype) for c in caches["cpu"])
+    caches["torch"] = tuple(c.to(dtype).float() for c in caches["torch"])
     outputs = {}
     for name, (key_cache, value_cache) in caches.items():
+        q, k, v = (t.float() if name == "torch" else t for t in (query, key, value))
         backend = get_attention_backend(name, "cpu")
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slots),
@@ -59,8 +72,9 @@ def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim):
             max_seq_len=max(seq_lens),
         )
         meta.backend_plan = backend.prepare(meta)
-        outputs[name] = backend.forward(
-            query, key, value, key_cache, value_cache, meta, 0.25, window
-        )
-    torch.testing.assert_close(outputs["cpu"], outputs["torch"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(caches["cpu"][0], caches["torch"][0])
+        outputs[name] = backend.forward(q, k, v, key_cache, value_cache, meta, 0.25, window)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(
+        outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance
+    )
+    torch.testing.assert_close(caches["cpu"][0].float(), caches["torch"][0])

@@ -35,8 +35,10 @@ def test_packed_linear_matches_f_linear(bias, rows):
     assert layer.weight_is_packed and layer.weight.shape == (160, 96)
     out = layer(x)
     assert out.shape == (rows, 160) and out.dtype == torch.bfloat16
-    # Only the final bf16 rounding differs from the fp32 product: half an ulp.
-    ulp = expected.abs().clamp_min(1e-3) * 2**-8
+    # Only bf16 rounding differs from the fp32 product: half an ulp, or a whole one
+    # where oneDNN rounds the product before adding the bias (its AMX kernels do,
+    # and so does F.linear on bf16 there).
+    ulp = expected.abs().clamp_min(1e-3) * (2**-7 if bias else 2**-8)
     assert bool(((out.float() - expected).abs() <= ulp).all())
 
 

@@ -1,10 +1,13 @@
-"""The CPU backend: a C++ kernel for decode rows, SDPA for prefill rows.
+"""The CPU backend: C++ kernels for decode rows and for prefill rows.
 
 Decode (one new token per sequence) dominates steps and is memory-bound: the
 kernel reads K/V blocks in place instead of gathering them. Prefill rows are
-few per step and compute-bound: torch's fused SDPA does them, straight from
-the new K/V when the sequence has no cached context. Without a compiler, or
-for head shapes the kernel does not cover, the reference backend runs instead.
+compute-bound: on CPUs with AMX (bf16) one kernel call attends all of a step's
+prefill sequences from the paged cache, cached prefix included. Elsewhere, or
+in fp32, torch's fused SDPA does them per sequence (the prefill's plain twin),
+straight from the new K/V when the sequence has no cached context. Without a
+compiler, or for head shapes the kernels do not cover, the reference backend
+runs instead.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import load_cpu_kernels
+from shared import env
 from worker.attention.backends.base import AttentionBackend
 from worker.attention.backends.torch_reference import TorchReferenceBackend
 from worker.attention.metadata import AttentionMetadata
@@ -27,6 +31,9 @@ class CPUAttentionPlan:
     decode_seq_lens: torch.Tensor  # [num_decode] int32
     decode_seq_ids: list[int]
     prefills: list[tuple[int, int, int, int]]  # (seq index, first row, end row, seq_len)
+    prefill_block_tables: torch.Tensor  # [num_prefill, max_num_blocks] int32
+    prefill_seq_lens: torch.Tensor  # [num_prefill] int32
+    prefill_ranges: torch.Tensor  # [num_prefill, 2] int64, rows [first, end) of each
 
 
 class CPUAttentionBackend(AttentionBackend):
@@ -35,6 +42,7 @@ class CPUAttentionBackend(AttentionBackend):
     def __init__(self) -> None:
         self.kernels = load_cpu_kernels()
         self.reference = TorchReferenceBackend()
+        self.amx_prefill = env.cpu_amx_prefill()
 
     def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
         starts = metadata.query_start_loc
@@ -45,6 +53,7 @@ class CPUAttentionBackend(AttentionBackend):
             if starts[i + 1] - starts[i] > 1
         ]
         index = torch.tensor(decode_ids, dtype=torch.int64)
+        prefill_index = torch.tensor([p[0] for p in prefills], dtype=torch.int64)
         return CPUAttentionPlan(
             decode_rows=torch.tensor([starts[i] for i in decode_ids], dtype=torch.int64),
             decode_block_tables=metadata.block_tables.index_select(0, index).contiguous(),
@@ -53,6 +62,9 @@ class CPUAttentionBackend(AttentionBackend):
             ),
             decode_seq_ids=decode_ids,
             prefills=prefills,
+            prefill_block_tables=metadata.block_tables.index_select(0, prefill_index).contiguous(),
+            prefill_seq_lens=torch.tensor([p[3] for p in prefills], dtype=torch.int32),
+            prefill_ranges=torch.tensor([p[1:3] for p in prefills], dtype=torch.int64).view(-1, 2),
         )
 
     def forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
@@ -78,6 +90,19 @@ class CPUAttentionBackend(AttentionBackend):
                 scale,
                 sliding_window or 0,
             )
+        if plan.prefills and self._amx_prefill(query, key_cache):
+            self.kernels.paged_attention_prefill(
+                query,
+                key_cache,
+                value_cache,
+                plan.prefill_block_tables,
+                plan.prefill_seq_lens,
+                plan.prefill_ranges,
+                out,
+                scale,
+                sliding_window or 0,
+            )
+            return out
         for seq, first, end, seq_len in plan.prefills:
             out[first:end] = self._prefill(
                 query[first:end],
@@ -91,6 +116,14 @@ class CPUAttentionBackend(AttentionBackend):
                 sliding_window,
             )
         return out
+
+    def _amx_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+        return (
+            query.dtype == torch.bfloat16
+            and key_cache.dtype == torch.bfloat16
+            and self.amx_prefill
+            and self.kernels.prefill_supported(query.shape[2])
+        )
 
     @staticmethod
     def _prefill(query, key, value, key_cache, value_cache, block_table, seq_len, scale, window):

@@ -1,0 +1,107 @@
+"""The AMX prefill kernel against its plain-PyTorch twin (on CPUs with AMX)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import load_cpu_kernels
+from kernels.paged_attention_reference import paged_attention_reference
+
+kernels = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(
+    kernels is None or not kernels.prefill_supported(64),
+    reason="the prefill kernel needs the C++ build on a CPU with AMX",
+)
+
+
+def _paged_batch(seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, seed=0):
+    """Random caches with each sequence's blocks scattered, queries for its last rows.
+
+    Each sequence's rows are followed by one row of another (decode) sequence,
+    as in a mixed step: `ranges` [num_seqs, 2] says which rows are whose."""
+    gen = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    value_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    for i, n in enumerate(seq_lens):
+        blocks = [perm.pop() for _ in range(-(-n // block_size))]
+        block_tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    ranges, row = [], 0
+    for n in num_new:
+        ranges.append((row, row + n))
+        row += n + 1
+    query = torch.randn(row, num_heads, head_dim, generator=gen).to(torch.bfloat16)
+    return query, key_cache, value_cache, block_tables, ranges
+
+
+@pytest.mark.parametrize(
+    "seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, window",
+    [
+        # whole prompts: lengths around the 16-row tiles and 32-key chunks
+        ([1, 15, 16, 17, 33, 100], [1, 15, 16, 17, 33, 100], 9, 3, 64, 16, None),
+        # cached prefixes / later chunks: few new rows over a long context
+        ([300, 64, 77], [5, 64, 40], 9, 3, 64, 16, None),
+        # another block size, MHA, head_dim 128, a sliding window
+        ([129, 50], [129, 20], 4, 4, 128, 8, None),
+        ([200, 90], [120, 90], 8, 2, 64, 16, 37),
+    ],
+)
+def test_prefill_matches_reference(
+    seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, window
+):
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch(
+        seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size
+    )
+    out = torch.zeros_like(query)
+    scale = head_dim**-0.5
+    kernels.paged_attention_prefill(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        torch.tensor(seq_lens, dtype=torch.int32),
+        torch.tensor(ranges, dtype=torch.int64),
+        out,
+        scale,
+        window or 0,
+    )
+    rows = torch.cat([torch.arange(first, end) for first, end in ranges])
+    starts = [0]
+    for first, end in ranges:
+        starts.append(starts[-1] + end - first)
+    # The twin in fp32: the kernel rounds probabilities to bf16 before P @ V.
+    expected = paged_attention_reference(
+        query[rows].float(),
+        key_cache.float(),
+        value_cache.float(),
+        block_tables,
+        starts,
+        seq_lens,
+        scale,
+        window,
+    )
+    torch.testing.assert_close(out[rows].float(), expected, atol=2e-2, rtol=2e-2)
+    untouched = torch.ones(query.shape[0], dtype=torch.bool)
+    untouched[rows] = False
+    assert out[untouched].abs().sum() == 0
+
+
+def test_prefill_rejects_a_short_block_table():
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch([40], [40], 2, 1, 64, 16)
+    with pytest.raises(RuntimeError, match="block table too short"):
+        kernels.paged_attention_prefill(
+            query,
+            key_cache,
+            value_cache,
+            block_tables[:, :2],
+            torch.tensor([40], dtype=torch.int32),
+            torch.tensor(ranges, dtype=torch.int64),
+            torch.zeros_like(query),
+            0.125,
+            0,
+        )
