@@ -1,9 +1,16 @@
-"""Allocation of the KV pools, backed by huge pages on CPU.
+"""Allocation of the KV pools, backed by huge pages on CPU, resident from start-up.
 
 The decode kernel jumps between scattered blocks; with 4 KiB pages every jump
 is a TLB miss and a prefetcher restart. An anonymous mapping advised with
 MADV_HUGEPAGE gets 2 MiB pages wherever transparent huge pages are allowed
-(the common `madvise` setting), and is zero-filled by the kernel for free.
+(the common `madvise` setting).
+
+The pages are faulted in here, not on first use: the block pool hands blocks
+out in LRU order, so a lazily mapped pool keeps touching new pages for as long
+as it runs, and each first touch (zeroing a huge page, under a hypervisor
+often a host fault too) lands inside a request's step. Measured on a 2-core VM:
+first writes to fresh huge pages ran at 0.5 GB/s, 7% of a 4096-token prefill
+step. vLLM's CPU pool is resident from start-up too (torch.zeros).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import mmap
 import torch
 
 _HUGE_PAGE = 2 * 2**20
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
 def allocate_kv_pool(
@@ -28,9 +36,12 @@ def allocate_kv_pool(
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     # The tensor keeps `region` alive through the buffer protocol.
-    return torch.frombuffer(region, dtype=dtype, count=num_bytes // _element_size(dtype)).view(
-        shape
-    )
+    pool = torch.frombuffer(region, dtype=dtype, count=num_bytes // _element_size(dtype))
+    try:
+        region.madvise(_MADV_POPULATE_WRITE)  # the kernel faults every page in, in one call
+    except OSError:  # Linux before 5.14: touch the pages ourselves
+        pool.zero_()
+    return pool.view(shape)
 
 
 def _element_size(dtype: torch.dtype) -> int:
