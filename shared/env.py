@@ -43,5 +43,11 @@ def cpu_amx_prefill() -> bool:
     return os.environ.get("PAGODA_CPU_AMX_PREFILL", "1") not in ("0", "false", "False")
 
 
+def cpu_malloc_tuning() -> bool:
+    """Whether the worker sets glibc malloc to keep freed buffers mapped (on unless
+    set to 0; worker/runner/cpu_allocator.py)."""
+    return os.environ.get("PAGODA_CPU_MALLOC_TUNING", "1") not in ("0", "false", "False")
+
+
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

@@ -14,6 +14,7 @@ from worker.kv_cache.block_pool import KVCacheEvent
 from worker.models.loader import resolve_model_path
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
+from worker.runner.cpu_allocator import keep_freed_memory
 from worker.runner.kv_budget import KVBudget, plan_kv_cache
 from worker.runner.model_runner import ModelRunner
 from worker.runner.platform import (
@@ -45,6 +46,7 @@ class EngineCore:
         device = resolve_device(config.device)
         if device.type == "cpu":
             configure_cpu_threads(config.device)
+            keep_freed_memory()
         self.spec = ModelSpec.from_folder(
             resolve_model_path(config.model.model, config.model.revision)
         )
