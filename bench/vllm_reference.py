@@ -14,8 +14,11 @@ shaped like bench/offline_result.py's:
 
 `--serve-args` prints the matching OpenAI-compatible server command for the online comparison.
 Unless already set, the OpenMP threads are bound to every usable core
-(VLLM_CPU_OMP_THREADS_BIND) and the KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE);
-both must be in the environment before vllm is imported.
+(VLLM_CPU_OMP_THREADS_BIND), the KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE),
+and glibc malloc keeps freed buffers mapped with the settings Pagoda's worker
+applies to itself (worker/runner/cpu_allocator.py; vLLM's CPU docs get the
+same from tcmalloc). All must be in the environment before vllm is imported;
+the malloc ones take effect in the engine processes vLLM spawns.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_KVCACHE_GIB = "4"
-_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_")
+_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MALLOC_")
 _ENV_NAMES = ("LD_PRELOAD",)
 
 
@@ -53,6 +56,9 @@ def default_env() -> dict[str, str]:
     return {
         "VLLM_CPU_OMP_THREADS_BIND": _id_list(_usable_cores()),
         "VLLM_CPU_KVCACHE_SPACE": DEFAULT_KVCACHE_GIB,
+        "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
+        "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30),
+        "MALLOC_TOP_PAD_": str(256 * 2**20),
     }
 
 
