@@ -90,10 +90,22 @@ class CacheConfig:
             raise ConfigError(f"--kv-cache-memory-fraction must be in (0, 1], got {frac}")
 
 
+# Default step budgets, as vLLM's CPU build chooses them: offline generation
+# wants throughput (bigger prefill chunks), a serving worker also bounds how
+# long one step delays every stream's next token.
+OFFLINE_STEP_BUDGET = 4096
+SERVING_STEP_BUDGET = 2048
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = field(
-        default=2048, metadata={"help": "Token budget of one engine step."}
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Token budget of one engine step (default {OFFLINE_STEP_BUDGET} offline: "
+            f"the LLM API, `pagoda generate`, `pagoda bench offline`; {SERVING_STEP_BUDGET} "
+            "in a serving worker)."
+        },
     )
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests running at once."})
     enable_chunked_prefill: bool = field(
@@ -174,6 +186,14 @@ class EngineConfig:
             else:
                 raise ConfigError(f"unknown engine option {key!r}")
         return cls(**{name: _GROUPS[name](**values) for name, values in groups.items()})
+
+    def for_usage(self, offline: bool) -> EngineConfig:
+        """This config with the step budget filled in for offline or serving use."""
+        if self.scheduler.max_num_batched_tokens is not None:
+            return self
+        budget = OFFLINE_STEP_BUDGET if offline else SERVING_STEP_BUDGET
+        scheduler = dataclasses.replace(self.scheduler, max_num_batched_tokens=budget)
+        return dataclasses.replace(self, scheduler=scheduler)
 
     @staticmethod
     def group_classes() -> tuple[type, ...]:

@@ -30,7 +30,7 @@ class LLM:
             if model is None:
                 raise TypeError("LLM() needs a model (or a ready EngineConfig as config=)")
             config = EngineConfig.from_kwargs(model=model, **engine_options)
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, offline=True)
         self._tokenizer = None
         self._ids = itertools.count()
         self.last_stats: SchedulerStats | None = None

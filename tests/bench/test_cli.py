@@ -33,6 +33,7 @@ def test_offline_baseline_and_roofline_chain(make_checkpoint, tmp_path, capsys):
         assert (line["prompt_tokens"], line["output_tokens"]) == (prompt_tokens, output_tokens)
     assert [b["engine"] for b in baselines] == ["hf-static-B1", "hf-static-B2"]
     assert baselines[0]["padding_waste"] == 0.0 < baselines[1]["padding_waste"]
+    # The step budget's default depends on usage, so the line always records it.
     assert ours["flags"] == [
         "--max-model-len",
         "128",
@@ -40,6 +41,8 @@ def test_offline_baseline_and_roofline_chain(make_checkpoint, tmp_path, capsys):
         "4",
         "--num-kv-blocks",
         "128",
+        "--max-num-batched-tokens",
+        "4096",
     ]
 
     (roofline,) = bench("roofline", *common, "--result", results, "--matmul-size=64", "--repeats=1")

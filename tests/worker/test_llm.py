@@ -153,3 +153,15 @@ def test_on_step_sees_every_step_stats(llm):
     assert [s.kv_tokens_held for s in seen] == [8, 9, 10, 0]
     assert [s.kv_slots_allocated for s in seen] == [8, 12, 12, 0]
     assert seen[-1] is llm.last_stats
+
+
+def test_step_budget_defaults_to_the_offline_one_and_keeps_an_explicit_one(llm, llama):
+    from worker.config import EngineConfig
+    from worker.engine.llm_engine import LLMEngine
+
+    assert llm.engine.config.scheduler.max_num_batched_tokens == 4096
+    assert llm.engine.core.scheduler.config.max_num_batched_tokens == 4096
+    serving = LLMEngine(EngineConfig.from_kwargs(model=str(llama), **OPTIONS))
+    assert serving.config.scheduler.max_num_batched_tokens == 2048
+    explicit = LLM(str(llama), **OPTIONS, max_num_batched_tokens=512)
+    assert explicit.engine.config.scheduler.max_num_batched_tokens == 512

@@ -36,7 +36,10 @@ class EngineStepOutput:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, record_kv_events: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, record_kv_events: bool = False, offline: bool = False
+    ) -> None:
+        config = config.for_usage(offline)
         self.config = config
         if config.parallel.tensor_parallel_size > 1:
             raise ConfigError(

@@ -18,9 +18,12 @@ from worker.engine.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, record_kv_events: bool = False) -> None:
-        self.config = config
-        self.core = EngineCore(config, record_kv_events=record_kv_events)
+    def __init__(
+        self, config: EngineConfig, record_kv_events: bool = False, offline: bool = False
+    ) -> None:
+        """offline: the default step budget is the offline one (worker/config.py)."""
+        self.core = EngineCore(config, record_kv_events=record_kv_events, offline=offline)
+        self.config = self.core.config
         self.spec = self.core.spec
         self.max_model_len = self.core.max_model_len
         self._children: dict[str, list[str]] = {}
