@@ -5,7 +5,10 @@
 // plus a dispatch; at decode batch sizes the dispatches dominate. Each kernel
 // here is one pass, one row per task on ATen's thread pool, arithmetic in
 // fp32 and a bf16 rounding wherever the plain-PyTorch twin rounds, so the
-// two agree to the last bit except for the order of the sum in the norm.
+// two agree to the last bit except for the order of the sum in the norm. The
+// loops are written on 16-lane vectors (the norm and RoPE were scalar loops
+// before, 3-5x the time of a copy of their data at 4096 rows), with a scalar
+// tail where a row is not a multiple of 16.
 //
 // Shapes:
 //   rms_norm, add_rms_norm:  x, residual [num_tokens, hidden], weight [hidden]
@@ -56,12 +59,37 @@ void check_bf16_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, " must be [rows, cols] with unit column stride");
 }
 
+// to_bf16 on 16 lanes (ties to even, NaN kept quiet): the bf16 bits in each
+// lane's low half.
+inline uvec16 bf16_bits(vec16 v) {
+  const uvec16 u = reinterpret_cast<uvec16>(v);
+  const uvec16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+}
+
+inline vec16 widen(uvec16 bits) { return reinterpret_cast<vec16>(bits << 16); }
+
+inline void store_bits(uint16_t* out, uvec16 bits) {
+  const hvec16 h = __builtin_convertvector(bits, hvec16);
+  std::memcpy(out, &h, sizeof(h));
+}
+
+inline vec16 load_bf16(const uint16_t* p) { return load(reinterpret_cast<const at::BFloat16*>(p)); }
+
 // out[i] = w[i] * bf16(h[i] * rsqrt(mean(h^2) + eps)), h already bf16-rounded (fp32 here).
 inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n, float eps) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += h[i] * h[i];
-  const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
+  vec16 squares{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const vec16 v = load(h + i);
+    squares += v * v;
+  }
+  float total = sum(squares);
+  for (; i < n; ++i) total += h[i] * h[i];
+  const float inv = 1.f / std::sqrt(total / static_cast<float>(n) + eps);
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    store_bits(out + i, bf16_bits(load_bf16(w + i) * widen(bf16_bits(load(h + i) * inv))));
+  for (; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
 }
 
 constexpr int64_t kMaxHidden = 16384;
@@ -89,11 +117,22 @@ torch::Tensor norm_rows(const torch::Tensor& x, torch::Tensor* residual, const t
     float h[kMaxHidden];
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* xr = xp + r * stride;
+      int64_t i = 0;
       if (rp == nullptr) {
-        for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xr[i]);
+        for (; i + kLanes <= n; i += kLanes) {
+          const vec16 v = load_bf16(xr + i);
+          std::memcpy(h + i, &v, sizeof(v));
+        }
+        for (; i < n; ++i) h[i] = to_f32(xr[i]);
       } else {
         uint16_t* res = rp + r * n;
-        for (int64_t i = 0; i < n; ++i) {
+        for (; i + kLanes <= n; i += kLanes) {
+          const uvec16 bits = bf16_bits(load_bf16(xr + i) + load_bf16(res + i));
+          store_bits(res + i, bits);
+          const vec16 v = widen(bits);
+          std::memcpy(h + i, &v, sizeof(v));
+        }
+        for (; i < n; ++i) {
           res[i] = to_bf16(to_f32(xr[i]) + to_f32(res[i]));
           h[i] = to_f32(res[i]);
         }
@@ -176,7 +215,15 @@ void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Ten
       for (const Target& t : targets) {
         for (int64_t h = 0; h < t.heads; ++h) {
           uint16_t* x = t.base + r * t.stride + h * head_dim;
-          for (int64_t i = 0; i < half; ++i) {
+          int64_t i = 0;
+          for (; i + kLanes <= half; i += kLanes) {  // the same ops and roundings, 16 lanes at a time
+            const vec16 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
+            const vec16 ci = load_bf16(c + i), si = load_bf16(s + i);
+            const auto rounded = [](vec16 v) { return widen(bf16_bits(v)); };
+            store_bits(x + i, bf16_bits(rounded(x1 * ci) - rounded(x2 * si)));
+            store_bits(x + i + half, bf16_bits(rounded(x2 * ci) + rounded(x1 * si)));
+          }
+          for (; i < half; ++i) {
             const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
             const float ci = to_f32(c[i]), si = to_f32(s[i]);
             // Rounded per op, as the twin's bf16 tensor ops are.
