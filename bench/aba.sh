@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Pagoda, then vLLM CPU, then Pagoda again, offline, on the same workloads:
+#   bench/aba.sh MODEL_DIR [OUT_DIR]
+# On a shared host the machine's speed drifts by 10-25% within minutes (measured
+# memory bandwidth 21 vs 28 GB/s twenty minutes apart), and run_all.sh puts ten
+# minutes of other runs between the two engines. Bracketing vLLM with two Pagoda
+# passes shows the drift: compare vLLM with both passes, not with one.
+# Writes OUT/pagoda_a.jsonl, OUT/vllm.jsonl, OUT/pagoda_b.jsonl and OUT/ABA.md.
+set -euo pipefail
+MODEL=${1:?usage: bench/aba.sh MODEL_DIR [OUT_DIR]}
+OUT=${2:-bench/results/aba}
+VLLM_PY=${VLLM_PY:-/work/venvs/vllm/bin/python}
+WORKLOADS=(mixed decode prefill shared-prefix chat)
+BUDGET=(--max-num-batched-tokens 4096)
+PAGODA=(python -m shared.cli)
+mkdir -p "$OUT/workloads"
+for w in "${WORKLOADS[@]}"; do
+  "${PAGODA[@]}" bench workload "$w" --out "$OUT/workloads/$w.json"
+done
+files=("${WORKLOADS[@]/#/$OUT/workloads/}")
+files=("${files[@]/%/.json}")
+pagoda_pass() {
+  for f in "${files[@]}"; do
+    "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" --output "$OUT/$1.jsonl"
+  done
+}
+pagoda_pass pagoda_a
+"$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 "${BUDGET[@]}" \
+  --workload "${files[@]}" --output "$OUT/vllm.jsonl"
+pagoda_pass pagoda_b
+python - "$OUT" >"$OUT/ABA.md" <<'PY'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows = {}
+for name in ("pagoda_a", "vllm", "pagoda_b"):
+    for line in (out / f"{name}.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        rows.setdefault(d["workload"], {})[name] = d["total_tokens_per_s"]
+print("| workload | pagoda (before) | vLLM CPU | pagoda (after) | ratio before | ratio after |")
+print("|---|---:|---:|---:|---:|---:|")
+for w, r in rows.items():
+    a, v, b = r["pagoda_a"], r["vllm"], r["pagoda_b"]
+    print(f"| {w} | {a:.1f} | {v:.1f} | {b:.1f} | {a / v:.2f}x | {b / v:.2f}x |")
+PY
+cat "$OUT/ABA.md"
