@@ -165,3 +165,15 @@ def test_step_budget_defaults_to_the_offline_one_and_keeps_an_explicit_one(llm, 
     assert serving.config.scheduler.max_num_batched_tokens == 2048
     explicit = LLM(str(llama), **OPTIONS, max_num_batched_tokens=512)
     assert explicit.engine.config.scheduler.max_num_batched_tokens == 512
+
+
+def test_block_size_defaults_by_device(llama):
+    from worker.config import EngineConfig
+
+    unset = EngineConfig.from_kwargs(model=str(llama))
+    assert unset.cache.block_size is None
+    assert unset.resolved(offline=True, device_type="cpu").cache.block_size == 8
+    assert unset.resolved(offline=True, device_type="cuda").cache.block_size == 16
+    llm = LLM(str(llama), max_model_len=128, num_kv_blocks=256)
+    assert llm.engine.config.cache.block_size == 8
+    assert llm.engine.core.runner.block_size == 8

@@ -39,14 +39,14 @@ class EngineCore:
     def __init__(
         self, config: EngineConfig, record_kv_events: bool = False, offline: bool = False
     ) -> None:
-        config = config.for_usage(offline)
-        self.config = config
         if config.parallel.tensor_parallel_size > 1:
             raise ConfigError(
                 "--tensor-parallel-size > 1 is not available yet: the layers shard, but the "
                 "multi-process launcher is still to come; run with --tensor-parallel-size 1"
             )
         device = resolve_device(config.device)
+        config = config.resolved(offline, device.type)
+        self.config = config
         if device.type == "cpu":
             configure_cpu_threads(config.device)
             keep_freed_memory()
