@@ -59,21 +59,6 @@ void check_bf16_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, " must be [rows, cols] with unit column stride");
 }
 
-// to_bf16 on 16 lanes (ties to even, NaN kept quiet): the bf16 bits in each
-// lane's low half.
-inline uvec16 bf16_bits(vec16 v) {
-  const uvec16 u = reinterpret_cast<uvec16>(v);
-  const uvec16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
-}
-
-inline vec16 widen(uvec16 bits) { return reinterpret_cast<vec16>(bits << 16); }
-
-inline void store_bits(uint16_t* out, uvec16 bits) {
-  const hvec16 h = __builtin_convertvector(bits, hvec16);
-  std::memcpy(out, &h, sizeof(h));
-}
-
 inline vec16 load_bf16(const uint16_t* p) { return load(reinterpret_cast<const at::BFloat16*>(p)); }
 
 // out[i] = w[i] * bf16(h[i] * rsqrt(mean(h^2) + eps)), h already bf16-rounded (fp32 here).

@@ -4,15 +4,15 @@
 // online softmax in fp32.
 //
 // Two passes on ATen's threads:
-//   1. pack: each (sequence, kv head)'s context into AMX B-tile layout once,
-//      zero-padded to 32 keys: K as [chunk][2 key tiles][head_dim/32][16 pairs][16 keys]
-//      (a 32-bit transpose: one tile row holds a dim pair for 16 keys) and V as
-//      [chunk][head_dim/16][16 key pairs][16 dims][2 keys];
+//   1. pack: each (sequence, kv head)'s context once, zero-padded to 32 keys:
+//      K rows contiguous ([chunk][32 keys][head_dim]) and V transposed
+//      ([chunk][head_dim][32 keys]), both read as AMX A tiles;
 //   2. attend: (sequence, query head, up to 64 query rows) items, handed out
 //      longest first through an atomic counter, because this machine's cores run
 //      at uneven speeds and static halves leave one waiting.
-// Per 16 query rows and 32 keys: S = Q K^T as two 16x16 fp32 tiles, softmax
-// update in AVX-512, P (bf16) V into head_dim/16 fp32 tiles, O = O * alpha + PV.
+// Per 16 query rows and 32 keys: S^T = K Q^T as two 16x16 fp32 tiles (one
+// register = one key's scores for the 16 queries), softmax update lane-wise in
+// AVX-512, O^T += V^T P^T (P in bf16) into head_dim/16 fp32 tiles, rescaled by alpha.
 //
 // Shapes:
 //   query, out:        [num_tokens, num_heads, head_dim] bf16

@@ -78,20 +78,32 @@ inline vec16 sum16(const vec16* v) {
 typedef uint32_t uvec16 __attribute__((vector_size(64)));
 typedef uint16_t hvec16 __attribute__((vector_size(32)));
 
-// Round each lane to the nearest bf16 (ties to even), as torch's conversion does
-// for finite values; the result is still an fp32 vector.
-inline vec16 round_bf16(vec16 v) {
-  uvec16 u = reinterpret_cast<uvec16>(v);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  return reinterpret_cast<vec16>(u);
+// The nearest bf16 (ties to even) of each finite lane, as torch's conversion
+// rounds: the bf16 bits in each lane's low half.
+inline uvec16 rounded_bits(vec16 v) {
+  const uvec16 u = reinterpret_cast<uvec16>(v);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-// Store 16 finite fp32 lanes as bf16 (ties to even).
-inline void store_bf16(uint16_t* out, vec16 v) {
-  const uvec16 u = reinterpret_cast<uvec16>(round_bf16(v)) >> 16;
-  const hvec16 h = __builtin_convertvector(u, hvec16);
+// The same for any lane: NaN stays a quiet NaN, as in torch's conversion.
+inline uvec16 bf16_bits(vec16 v) {
+  const uvec16 u = reinterpret_cast<uvec16>(v);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded_bits(v);
+}
+
+// bf16 bits (low halves) back to fp32 lanes.
+inline vec16 widen(uvec16 bits) { return reinterpret_cast<vec16>(bits << 16); }
+
+inline void store_bits(uint16_t* out, uvec16 bits) {
+  const hvec16 h = __builtin_convertvector(bits, hvec16);
   std::memcpy(out, &h, sizeof(h));
 }
+
+// Round each finite lane to the nearest bf16; the result is still an fp32 vector.
+inline vec16 round_bf16(vec16 v) { return widen(rounded_bits(v)); }
+
+// Store 16 finite fp32 lanes as bf16 (ties to even).
+inline void store_bf16(uint16_t* out, vec16 v) { store_bits(out, rounded_bits(v)); }
 
 // exp(x) for x in [-87, 88] (clamped there): 2^n * p(r) with x = n ln2 + r,
 // |r| <= ln2 / 2, p a degree-6 polynomial; relative error about 2e-7, like expf.
