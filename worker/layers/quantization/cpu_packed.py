@@ -6,10 +6,12 @@ as much as the multiply. Packing at load time moves it out of the step
 (measured: 1.2-1.5x per linear at 16 rows, 1.1-1.3x at 64, on AVX512-BF16).
 The plain twin is `F.linear` on the unpacked weight, used everywhere else
 (GPU, float32 — whose exactness against transformers we keep bit-for-bit —
-and builds of torch without oneDNN).
+builds of torch without oneDNN, and CPUs oneDNN has no bf16 kernels for).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -26,9 +28,24 @@ def can_pack(weight: torch.Tensor) -> bool:
         and weight.dtype == torch.bfloat16
         and weight.dim() == 2
         and env.cpu_packed_linear()
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and _cpu_can_pack_bf16()
     )
+
+
+@functools.cache
+def _cpu_can_pack_bf16() -> bool:
+    """oneDNN packs bf16 only where the CPU converts bf16 natively (AVX-512
+    BW/VL/DQ or AVX-NE-CONVERT); elsewhere, on AVX2-only CPUs, the reorder
+    raises. Ask it once with a tiny weight rather than mirror its CPU checks."""
+    if not (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
