@@ -1,4 +1,4 @@
-"""bf16 linear weights prepacked for oneDNN on CPU, against F.linear."""
+"""bf16 and float32 linear weights prepacked for oneDNN on CPU, against F.linear."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from worker.layers.embedding import ParallelLMHead
 from worker.layers.linear import ReplicatedLinear
 from worker.layers.quantization import cpu_packed
 
+needs_onednn = pytest.mark.skipif(
+    not cpu_packed.can_pack(torch.zeros(2, 2)), reason="torch built without oneDNN linear"
+)
 needs_packing = pytest.mark.skipif(
     not cpu_packed.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16)),
     reason="no oneDNN bf16 linear packing here (torch without oneDNN, or a CPU without AVX-512/AVX-NE-CONVERT)",
@@ -55,8 +58,26 @@ def test_bf16_layer_runs_where_the_cpu_cannot_pack(monkeypatch):
     assert torch.equal(layer(x), expected)
 
 
-def test_float32_weights_stay_unpacked():
-    layer = ReplicatedLinear(8, 4, params_dtype=torch.float32)
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+def test_float32_packed_linear_matches_f_linear(rows):
+    torch.manual_seed(0)
+    layer = ReplicatedLinear(96, 160, bias=True, params_dtype=torch.float32)
+    layer.weight.data = torch.randn(160, 96)
+    layer.bias.data = torch.randn(160)
+    x = torch.randn(rows, 96)
+    expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    layer.process_weights_after_loading()
+    assert layer.weight_is_packed and layer.weight.shape == (160, 96)
+    out = layer(x)
+    assert out.shape == (rows, 160) and out.dtype == torch.float32
+    # Summation order differs from sgemm's: within float32 accumulation error of
+    # 96 products of N(0,1) values (each below 2**-24 relative, summed).
+    assert bool(((out.double() - expected).abs() <= 96 * 2**-24 * 16).all())
+
+
+def test_half_weights_stay_unpacked():
+    layer = ReplicatedLinear(8, 4, params_dtype=torch.float16)
     layer.process_weights_after_loading()
     assert not getattr(layer, "weight_is_packed", False)
     assert layer.weight.layout == torch.strided
