@@ -26,6 +26,7 @@ _SOURCES = [
         "paged_attention_decode.cpp",
         "paged_attention_prefill.cpp",
         "elementwise.cpp",
+        "elementwise_f32.cpp",
         "cache_write.cpp",
     )
 ]
@@ -87,10 +88,10 @@ def load_cpu_kernels() -> ModuleType | None:
         return None
 
 
-def fused_bf16_kernels(x) -> ModuleType | None:
-    """The kernels when `x` is a bf16 CPU tensor they take, else None (use the twin)."""
+def fused_elementwise_kernels(x) -> ModuleType | None:
+    """The kernels when `x` is a bf16 or float32 CPU tensor they take, else None (use the twin)."""
     import torch
 
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+    if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu":
         return None
     return load_cpu_kernels()

@@ -1,5 +1,6 @@
 // Fused bf16 elementwise kernels of a decoder layer: RMSNorm (with the
-// residual add before it), SiLU-and-mul and rotary embedding.
+// residual add before it), SiLU-and-mul and rotary embedding. The entry points
+// hand float32 rows to elementwise_f32.cpp.
 //
 // PyTorch runs each of these as 4-8 separate ops, each a pass over memory
 // plus a dispatch; at decode batch sizes the dispatches dominate. Each kernel
@@ -130,16 +131,27 @@ torch::Tensor norm_rows(const torch::Tensor& x, torch::Tensor* residual, const t
 
 }  // namespace
 
+// float32 rows go to elementwise_f32.cpp.
+torch::Tensor norm_rows_f32(const torch::Tensor& x, torch::Tensor* residual,
+                            const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul_f32(const torch::Tensor& x);
+void rotary_embedding_f32(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
+                          const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
+                          int64_t head_dim);
+
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  if (x.scalar_type() == torch::kFloat) return norm_rows_f32(x, nullptr, weight, eps);
   return norm_rows(x, nullptr, weight, eps);
 }
 
 torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
                            const torch::Tensor& weight, double eps) {
+  if (x.scalar_type() == torch::kFloat) return norm_rows_f32(x, &residual, weight, eps);
   return norm_rows(x, &residual, weight, eps);
 }
 
 torch::Tensor silu_and_mul(const torch::Tensor& x) {
+  if (x.scalar_type() == torch::kFloat) return silu_and_mul_f32(x);
   check_bf16_rows(x, "x");
   const int64_t rows = x.size(0), d = x.size(1) / 2;
   TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: last dim must be even");
@@ -171,6 +183,8 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
 void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
                       const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
                       int64_t head_dim) {
+  if (query.scalar_type() == torch::kFloat)
+    return rotary_embedding_f32(query, key, positions, cos_cache, sin_cache, head_dim);
   check_bf16_rows(query, "query");
   check_bf16_rows(key, "key");
   TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),

@@ -31,8 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Paged attention over many new rows per sequence (AMX tiles)");
   m.def("prefill_supported", &prefill_supported, "Whether this build and CPU run the prefill kernel");
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
-  m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
+  m.def("rms_norm", &rms_norm, "RMSNorm of bf16 or float32 rows");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [tokens, 2 * d] bf16");
-  m.def("rotary_embedding", &rotary_embedding, "NeoX-style RoPE in place on bf16 q and k");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [tokens, 2 * d] bf16 or float32");
+  m.def("rotary_embedding", &rotary_embedding, "NeoX-style RoPE in place on bf16 or float32 q and k");
 }

@@ -54,6 +54,45 @@ inline void prefetch_row(const scalar_t* row, int64_t row_elems) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
+// float32 at the CPU's own vector width (8 lanes on AVX2, where GCC moved each
+// 16-lane dot through the stack on its way to `dots`: 5 GB/s). Each dot entry
+// is 16 floats whose total is the dot product: with 8-lane vectors, two
+// accumulators fill its halves.
+constexpr int kDotVectors = kLanes / kNativeLanes;
+
+// dots[head, pending] for the `group` query heads of KV head h, against key row k.
+template <int kChunks>
+inline void float_dots(const float* q, const float* k, int h, int group, int64_t pending, float* dots) {
+  constexpr int kPieces = kChunks * kLanes / kNativeLanes;  // native vectors per head row
+  vnative kv[kPieces];
+  for (int p = 0; p < kPieces; ++p) kv[p] = load_native(k + (h * kPieces + p) * kNativeLanes);
+  for (int g = 0; g < group; ++g) {
+    const int head = h * group + g;
+    const float* qh = q + head * kPieces * kNativeLanes;
+    vnative d[kDotVectors] = {};
+    for (int p = 0; p < kPieces; ++p) d[p % kDotVectors] += load_native(qh + p * kNativeLanes) * kv[p];
+    float* out = dots + (head * kLanes + pending) * kLanes;
+    for (int j = 0; j < kDotVectors; ++j) store_native(out + j * kNativeLanes, d[j]);
+  }
+}
+
+// acc[head] += p[head, t] * v for the `group` query heads of KV head h; the
+// scores of query head i start at scores[i * span].
+template <int kChunks>
+inline void float_weighted_sum(const float* scores, int64_t span, const float* v, int h, int group,
+                               float* acc) {
+  constexpr int kPieces = kChunks * kLanes / kNativeLanes;
+  vnative vv[kPieces];
+  for (int p = 0; p < kPieces; ++p) vv[p] = load_native(v + (h * kPieces + p) * kNativeLanes);
+  for (int g = 0; g < group; ++g) {
+    const int head = h * group + g;
+    const float weight = scores[head * span];
+    float* a = acc + head * kPieces * kNativeLanes;
+    for (int p = 0; p < kPieces; ++p)
+      store_native(a + p * kNativeLanes, load_native(a + p * kNativeLanes) + weight * vv[p]);
+  }
+}
+
 // One sequence: every KV head, reading each token's whole K (then V) row once,
 // contiguously, so the hardware prefetcher streams the blocks.
 template <typename scalar_t, int kChunks>
@@ -90,8 +129,7 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
       float* s = scores.data() + head * span + offset;
       const vec16* d = dots + head * kLanes;
       if (pending == kLanes) {
-        const vec16 r = sum16(d) * dot_scale;
-        std::memcpy(s, &r, sizeof(r));
+        sum16_store(d, dot_scale, s);
       } else {
         for (int64_t i = 0; i < pending; ++i) s[i] = sum(d[i]) * dot_scale;
       }
@@ -111,7 +149,10 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
         k_next += token_stride;
       }
       for (int h = 0; h < num_kv_heads; ++h) {
-        if constexpr (kPairDots) {
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          float_dots<kChunks>(reinterpret_cast<const float*>(q), k, h, group, pending,
+                              reinterpret_cast<float*>(dots));
+        } else if constexpr (kPairDots) {
           for (int g = 0; g < group; ++g) {
             const int head = h * group + g;
             dots[head * kLanes + pending] = pair_dot<kChunks / 2>(q_row + head * kChunks * kLanes,
@@ -138,14 +179,14 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
     float* s = scores.data() + head * span;
     float m = -INFINITY;
     for (int64_t i = 0; i < span; ++i) m = std::max(m, s[i]);
-    vec16 totals = {};
+    vnative totals = {};
     int64_t i = 0;
-    for (; i + kLanes <= span; i += kLanes) {
-      const vec16 e = exp16(load(s + i) - m);
-      std::memcpy(s + i, &e, sizeof(e));
+    for (; i + kNativeLanes <= span; i += kNativeLanes) {
+      const vnative e = exp_native(load_native(s + i) - m);
+      store_native(s + i, e);
       totals += e;
     }
-    float total = sum(totals);
+    float total = sum_native(totals);
     for (; i < span; ++i) {
       s[i] = std::exp(s[i] - m);
       total += s[i];
@@ -166,6 +207,11 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
         v_next += token_stride;
       }
       for (int h = 0; h < num_kv_heads; ++h) {
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          float_weighted_sum<kChunks>(scores.data() + t - first, span, v, h, group,
+                                      reinterpret_cast<float*>(acc));
+          continue;
+        }
         vec16 vv[kChunks];
         for (int c = 0; c < kChunks; ++c) vv[c] = load(v + (h * kChunks + c) * kLanes);
         for (int g = 0; g < group; ++g) {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -47,6 +47,75 @@ inline vec16 load(const at::Half* p) {
 
 typedef int32_t ivec16 __attribute__((vector_size(64)));
 
+// Lane-wise max, min, round-to-nearest and compare. GCC lowers a comparison
+// of 64-byte vectors to scalar code, lane by lane, when the CPU lacks AVX-512
+// (measured: SiLU through exp16 ran at 1.4x the time of torch's two ops on an
+// AVX2 EPYC), so on AVX2 these work on 8-lane halves with intrinsics, and
+// exp16 runs its polynomial on each half (splitting a 16-lane vector costs
+// stack moves, so it splits once, not per operation).
+inline vec16 vmax(vec16 a, vec16 b) { return a > b ? a : b; }
+inline vec16 vmin(vec16 a, vec16 b) { return a < b ? a : b; }
+#ifdef __AVX512F__
+inline vec16 vround(vec16 a) {
+  return (vec16)_mm512_roundscale_ps((__m512)a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#else
+inline vec16 vround(vec16 a) {
+  vec16 r;
+  for (int i = 0; i < kLanes; ++i) r[i] = __builtin_rintf(a[i]);
+  return r;
+}
+#endif
+
+#if !defined(__AVX512F__) && defined(__AVX2__)
+#define PAGODA_AVX2_HALVES 1
+typedef float vec8 __attribute__((vector_size(32)));
+typedef int32_t ivec8 __attribute__((vector_size(32)));
+
+inline vec8 vmax(vec8 a, vec8 b) { return (vec8)_mm256_max_ps((__m256)a, (__m256)b); }
+inline vec8 vmin(vec8 a, vec8 b) { return (vec8)_mm256_min_ps((__m256)a, (__m256)b); }
+inline vec8 vround(vec8 a) {
+  return (vec8)_mm256_round_ps((__m256)a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// Halves through memcpy: a shuffle of two 8-lane vectors into one 16-lane
+// vector went lane by lane through the stack.
+template <typename Half, typename Whole>
+inline Half half(const Whole& v, int which) {
+  Half h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&v) + which * sizeof(Half), sizeof(Half));
+  return h;
+}
+template <typename Whole, typename Half>
+inline Whole join(Half lo, Half hi) {
+  Whole w;
+  std::memcpy(&w, &lo, sizeof(Half));
+  std::memcpy(reinterpret_cast<char*>(&w) + sizeof(Half), &hi, sizeof(Half));
+  return w;
+}
+
+// All-ones lanes where a > b (signed), zero elsewhere.
+inline ivec16 greater(ivec16 a, ivec16 b) {
+  const auto gt = [](ivec8 x, ivec8 y) { return (ivec8)_mm256_cmpgt_epi32((__m256i)x, (__m256i)y); };
+  return join<ivec16>(gt(half<ivec8>(a, 0), half<ivec8>(b, 0)), gt(half<ivec8>(a, 1), half<ivec8>(b, 1)));
+}
+#else
+inline ivec16 greater(ivec16 a, ivec16 b) { return a > b; }
+#endif
+
+#ifdef PAGODA_AVX2_HALVES
+// 16-lane shuffles, too, go lane by lane through the stack on AVX2: the sums
+// below work on 8-lane halves read straight from memory.
+inline float sum(vec16 v) {
+  float f[kLanes];
+  std::memcpy(f, &v, sizeof(f));
+  const __m256 s = _mm256_add_ps(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8));
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+#else
 inline float sum(vec16 v) {
   // Tree reduction: 4 shuffle-adds instead of 15 dependent scalar adds.
   v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -55,6 +124,7 @@ inline float sum(vec16 v) {
   v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   return v[0];
 }
+#endif
 
 inline vec16 broadcast(float x) { return vec16{} + x; }
 
@@ -75,6 +145,29 @@ inline vec16 sum16(const vec16* v) {
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
+// out[i] = scale * sum(v[i]) for the 16 vectors at v.
+inline void sum16_store(const vec16* v, float scale, float* out) {
+#ifdef PAGODA_AVX2_HALVES
+  // Per 8 vectors: add the halves, then hadd pairs twice, leaving each 128-bit
+  // lane with 4 partial sums; adding the lanes gives 8 sums in order.
+  const float* f = reinterpret_cast<const float*>(v);
+  for (int g = 0; g < 2; ++g) {
+    __m256 x[8];
+    for (int j = 0; j < 8; ++j) {
+      const float* p = f + (g * 8 + j) * kLanes;
+      x[j] = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+    }
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+    const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm256_storeu_ps(out + g * 8, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
+  }
+#else
+  const vec16 r = sum16(v) * scale;
+  std::memcpy(out, &r, sizeof(r));
+#endif
+}
+
 typedef uint32_t uvec16 __attribute__((vector_size(64)));
 typedef uint16_t hvec16 __attribute__((vector_size(32)));
 
@@ -88,7 +181,10 @@ inline uvec16 rounded_bits(vec16 v) {
 // The same for any lane: NaN stays a quiet NaN, as in torch's conversion.
 inline uvec16 bf16_bits(vec16 v) {
   const uvec16 u = reinterpret_cast<uvec16>(v);
-  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded_bits(v);
+  // |v| > inf as signed ints (the sign bit is off): NaN lanes, as a bit mask.
+  const uvec16 nan = reinterpret_cast<uvec16>(
+      greater(reinterpret_cast<ivec16>(u & 0x7fffffffu), ivec16{} + 0x7f800000));
+  return (nan & ((u >> 16) | 0x40u)) | (~nan & rounded_bits(v));
 }
 
 // bf16 bits (low halves) back to fp32 lanes.
@@ -107,24 +203,55 @@ inline void store_bf16(uint16_t* out, vec16 v) { store_bits(out, rounded_bits(v)
 
 // exp(x) for x in [-87, 88] (clamped there): 2^n * p(r) with x = n ln2 + r,
 // |r| <= ln2 / 2, p a degree-6 polynomial; relative error about 2e-7, like expf.
-inline vec16 exp16(vec16 x) {
-  x = x < broadcast(-87.f) ? broadcast(-87.f) : x;
-  x = x > broadcast(88.f) ? broadcast(88.f) : x;
-  const vec16 n = __builtin_convertvector(
-      __builtin_convertvector(x * 1.44269504088896341f + 0.5f - (x < broadcast(0.f) ? broadcast(1.f) : broadcast(0.f)), ivec16),
-      vec16);
-  const vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vec16 p = broadcast(1.9875691500e-4f);
+// V is vec16, or vec8 (with IV its int vector) on AVX2.
+template <typename V, typename IV>
+inline V exp_lanes(V x) {
+  x = vmin(vmax(x, V{} - 87.f), V{} + 88.f);
+  const V n = vround(x * 1.44269504088896341f);
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const ivec16 bits = (__builtin_convertvector(n, ivec16) + 127) << 23;
-  vec16 scale;
+  const IV bits = (__builtin_convertvector(n, IV) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+inline vec16 exp16(vec16 x) {
+#ifdef PAGODA_AVX2_HALVES
+  return join<vec16>(exp_lanes<vec8, ivec8>(half<vec8>(x, 0)), exp_lanes<vec8, ivec8>(half<vec8>(x, 1)));
+#else
+  return exp_lanes<vec16, ivec16>(x);
+#endif
+}
+
+// The CPU's own vector width, for loops whose body needs exp: they load and
+// store at this width straight from memory, so AVX2 never splits a vec16.
+#ifdef PAGODA_AVX2_HALVES
+typedef vec8 vnative;
+typedef ivec8 ivnative;
+#else
+typedef vec16 vnative;
+typedef ivec16 ivnative;
+#endif
+constexpr int kNativeLanes = sizeof(vnative) / sizeof(float);
+
+inline vnative load_native(const float* p) {
+  vnative v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store_native(float* p, vnative v) { std::memcpy(p, &v, sizeof(v)); }
+inline vnative exp_native(vnative x) { return exp_lanes<vnative, ivnative>(x); }
+inline float sum_native(vnative v) {
+  float total = 0.f;
+  for (int i = 0; i < kNativeLanes; ++i) total += v[i];
+  return total;
 }
 
 }  // namespace

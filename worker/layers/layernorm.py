@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu import fused_bf16_kernels
+from kernels.cpu import fused_elementwise_kernels
 
 
 class RMSNorm(nn.Module):
@@ -29,8 +29,8 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual).
 
-        On bf16 CPU tensors one C++ pass does it, updating `residual` in place."""
-        kernels = fused_bf16_kernels(x)
+        On bf16 and float32 CPU tensors one C++ pass does it, updating `residual` in place."""
+        kernels = fused_elementwise_kernels(x)
         if kernels is not None:
             shape = x.shape
             x2d = x.reshape(-1, shape[-1])  # [rows, hidden]
