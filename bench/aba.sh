@@ -25,23 +25,11 @@ pagoda_pass() {
   done
 }
 pagoda_pass pagoda_a
-"$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype bfloat16 "${BUDGET[@]}" \
+# vLLM computes in the dtype Pagoda chose here (bf16 where the CPU has fast
+# bf16, float32 elsewhere); VLLM_DTYPE overrides it.
+DTYPE=${VLLM_DTYPE:-$(python -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["dtype"])' "$OUT/pagoda_a.jsonl")}
+"$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype "$DTYPE" "${BUDGET[@]}" \
   --workload "${files[@]}" --output "$OUT/vllm.jsonl"
 pagoda_pass pagoda_b
-python - "$OUT" >"$OUT/ABA.md" <<'PY'
-import json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-rows = {}
-for name in ("pagoda_a", "vllm", "pagoda_b"):
-    for line in (out / f"{name}.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        rows.setdefault(d["workload"], {})[name] = d["total_tokens_per_s"]
-print("| workload | pagoda (before) | vLLM CPU | pagoda (after) | ratio before | ratio after |")
-print("|---|---:|---:|---:|---:|---:|")
-for w, r in rows.items():
-    a, v, b = r["pagoda_a"], r["vllm"], r["pagoda_b"]
-    print(f"| {w} | {a:.1f} | {v:.1f} | {b:.1f} | {a / v:.2f}x | {b / v:.2f}x |")
-PY
+python -m bench.aba_table "$OUT/pagoda_a.jsonl" "$OUT/vllm.jsonl" "$OUT/pagoda_b.jsonl" >"$OUT/ABA.md"
 cat "$OUT/ABA.md"
