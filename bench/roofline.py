@@ -42,14 +42,26 @@ def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+# A dtype without a fast kernel here (bf16 on AVX2-only CPUs: 0.3 GFLOP/s) would
+# take minutes per 2048-wide product; such a dtype is timed at the probe's size.
+_PROBE_SIZE = 256
+_MAX_SECONDS_PER_PRODUCT = 2.0
+
+
 def matmul_gflops(dtype, size: int = 2048, repeats: int = 5) -> float:
     import torch
 
+    probe = _mm_seconds(torch, dtype, _PROBE_SIZE, 1)
+    if probe * (size / _PROBE_SIZE) ** 3 > _MAX_SECONDS_PER_PRODUCT:
+        size = _PROBE_SIZE
+    return 2 * size**3 / _mm_seconds(torch, dtype, size, repeats) / 1e9
+
+
+def _mm_seconds(torch, dtype, size: int, repeats: int) -> float:
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     out = torch.empty(size, size, dtype=dtype)
-    seconds = _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
-    return 2 * size**3 / seconds / 1e9
+    return _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
 
 
 def memory_gb_s(repeats: int = 5, num_bytes: int = _MEMORY_BYTES) -> dict[str, float]:

@@ -32,3 +32,22 @@ def test_measurements_return_positive_rates():
     assert matmul_gflops(torch.float32, size=64, repeats=1) > 0
     assert matmul_gflops(torch.bfloat16, size=64, repeats=1) > 0
     assert all(v > 0 for v in memory_gb_s(repeats=1, num_bytes=2**20).values())
+
+
+def test_a_slow_dtype_is_timed_at_the_probe_size(monkeypatch):
+    from bench import roofline
+
+    sizes = []
+
+    def fake_seconds(torch_module, dtype, size, repeats):
+        sizes.append(size)
+        return 0.5 if size == roofline._PROBE_SIZE else 0.25
+
+    monkeypatch.setattr(roofline, "_mm_seconds", fake_seconds)
+    # 0.5 s at 256 projects to 256 s at 2048: measure at 256 instead.
+    assert matmul_gflops(torch.bfloat16, size=2048) == pytest.approx(2 * 256**3 / 0.5 / 1e9)
+    assert sizes == [256, 256]
+    sizes.clear()
+    monkeypatch.setattr(roofline, "_MAX_SECONDS_PER_PRODUCT", 1000.0)
+    assert matmul_gflops(torch.float32, size=2048) == pytest.approx(2 * 2048**3 / 0.25 / 1e9)
+    assert sizes == [256, 2048]
