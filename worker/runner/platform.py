@@ -65,6 +65,13 @@ def resolve_dtype(config: ModelConfig, spec: ModelSpec, device: torch.device) ->
     where the CPU has native bf16 arithmetic and in float32 where it does not
     (there fp32 is the faster arithmetic)."""
     if config.dtype != "auto":
+        if device.type == "cpu" and config.dtype != "float32" and not cpu_has_fast_bf16():
+            logger.warning(
+                "--dtype %s on a CPU without native bf16 arithmetic (no AVX512-BF16 or AMX): "
+                "its matmuls run hundreds of times slower than float32 here; "
+                "--dtype auto picks float32",
+                config.dtype,
+            )
         return _NAMED_DTYPES[config.dtype]
     if device.type == "cpu":
         if spec.checkpoint_dtype == torch.float32 or not cpu_has_fast_bf16():

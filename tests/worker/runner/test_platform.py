@@ -43,3 +43,22 @@ def test_auto_dtype_on_gpu(checkpoint, expected):
 def test_explicit_dtype_wins():
     config = ModelConfig(model="m", dtype="float16")
     assert platform.resolve_dtype(config, Spec(torch.float32), torch.device("cpu")) == torch.float16
+
+
+@pytest.mark.parametrize(
+    "dtype, fast_bf16, warned",
+    [("bfloat16", False, True), ("bfloat16", True, False), ("float32", False, False)],
+)
+def test_half_precision_on_a_cpu_without_bf16_is_warned_about(
+    monkeypatch, dtype, fast_bf16, warned
+):
+    warnings = []
+    monkeypatch.setattr(platform, "cpu_has_fast_bf16", lambda: fast_bf16)
+    monkeypatch.setattr(platform.logger, "warning", lambda msg, *args: warnings.append(msg % args))
+    config = ModelConfig(model="m", dtype=dtype)
+    assert platform.resolve_dtype(config, Spec(torch.bfloat16), torch.device("cpu")) == getattr(
+        torch, dtype
+    )
+    assert bool(warnings) == warned
+    if warned:
+        assert warnings[0].startswith("--dtype bfloat16 on a CPU without native bf16 arithmetic")
