@@ -1,6 +1,7 @@
 // 16-lane float vectors (GCC vector extensions: one AVX-512 register where the
 // CPU has it, split into narrower registers elsewhere) and the loads, sums and
-// exp the CPU kernels share.
+// exp the CPU kernels share. Arithmetic splits well; comparisons and cross-lane
+// shuffles do not (see below), so those have AVX2 forms on 8-lane halves.
 #pragma once
 
 #include <torch/extension.h>
@@ -50,9 +51,10 @@ typedef int32_t ivec16 __attribute__((vector_size(64)));
 // Lane-wise max, min, round-to-nearest and compare. GCC lowers a comparison
 // of 64-byte vectors to scalar code, lane by lane, when the CPU lacks AVX-512
 // (measured: SiLU through exp16 ran at 1.4x the time of torch's two ops on an
-// AVX2 EPYC), so on AVX2 these work on 8-lane halves with intrinsics, and
-// exp16 runs its polynomial on each half (splitting a 16-lane vector costs
-// stack moves, so it splits once, not per operation).
+// AVX2 EPYC). The 16-lane forms below serve AVX-512 and plain builds; on AVX2
+// the 8-lane forms use intrinsics, and exp16 runs its polynomial on each half
+// (splitting a 16-lane vector costs stack moves, so it splits once, not per
+// operation).
 inline vec16 vmax(vec16 a, vec16 b) { return a > b ? a : b; }
 inline vec16 vmin(vec16 a, vec16 b) { return a < b ? a : b; }
 #ifdef __AVX512F__
