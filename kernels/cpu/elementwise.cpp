@@ -1,6 +1,6 @@
 // Fused bf16 elementwise kernels of a decoder layer: RMSNorm (with the
 // residual add before it), SiLU-and-mul and rotary embedding. The entry points
-// hand float32 rows to elementwise_f32.cpp.
+// hand float32 rows (for RoPE, single heads) to elementwise_f32.cpp.
 //
 // PyTorch runs each of these as 4-8 separate ops, each a pass over memory
 // plus a dispatch; at decode batch sizes the dispatches dominate. Each kernel
@@ -64,16 +64,9 @@ inline vec16 load_bf16(const uint16_t* p) { return load(reinterpret_cast<const a
 
 // out[i] = w[i] * bf16(h[i] * rsqrt(mean(h^2) + eps)), h already bf16-rounded (fp32 here).
 inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n, float eps) {
-  vec16 squares{};
+  const float inv = inv_rms(h, n, eps);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const vec16 v = load(h + i);
-    squares += v * v;
-  }
-  float total = sum(squares);
-  for (; i < n; ++i) total += h[i] * h[i];
-  const float inv = 1.f / std::sqrt(total / static_cast<float>(n) + eps);
-  for (i = 0; i + kLanes <= n; i += kLanes)
+  for (; i + kLanes <= n; i += kLanes)
     store_bits(out + i, bf16_bits(load_bf16(w + i) * widen(bf16_bits(load(h + i) * inv))));
   for (; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
 }
@@ -135,9 +128,7 @@ torch::Tensor norm_rows(const torch::Tensor& x, torch::Tensor* residual, const t
 torch::Tensor norm_rows_f32(const torch::Tensor& x, torch::Tensor* residual,
                             const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul_f32(const torch::Tensor& x);
-void rotary_embedding_f32(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
-                          const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
-                          int64_t head_dim);
+void rotate_head_f32(float* x, const float* c, const float* s, int64_t half);
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (x.scalar_type() == torch::kFloat) return norm_rows_f32(x, nullptr, weight, eps);
@@ -180,59 +171,78 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
   return out;
 }
 
-void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
-                      const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
-                      int64_t head_dim) {
-  if (query.scalar_type() == torch::kFloat)
-    return rotary_embedding_f32(query, key, positions, cos_cache, sin_cache, head_dim);
-  check_bf16_rows(query, "query");
-  check_bf16_rows(key, "key");
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),
-              "positions must be contiguous int64");
-  TORCH_CHECK(cos_cache.is_contiguous() && sin_cache.is_contiguous() &&
-                  cos_cache.scalar_type() == torch::kBFloat16 &&
-                  sin_cache.scalar_type() == torch::kBFloat16 && cos_cache.size(1) == head_dim,
-              "cos/sin caches must be contiguous bf16 [max_position, head_dim]");
-  TORCH_CHECK(query.size(1) % head_dim == 0 && key.size(1) % head_dim == 0 && head_dim % 2 == 0,
-              "query/key widths must be multiples of an even head_dim");
+namespace {
+
+// One bf16 head in place: the same ops and roundings as the twin.
+void rotate_head_bf16(uint16_t* x, const uint16_t* c, const uint16_t* s, int64_t half) {
+  int64_t i = 0;
+  for (; i + kLanes <= half; i += kLanes) {  // 16 lanes at a time
+    const vec16 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
+    const vec16 ci = load_bf16(c + i), si = load_bf16(s + i);
+    const auto rounded = [](vec16 v) { return widen(bf16_bits(v)); };
+    store_bits(x + i, bf16_bits(rounded(x1 * ci) - rounded(x2 * si)));
+    store_bits(x + i + half, bf16_bits(rounded(x2 * ci) + rounded(x1 * si)));
+  }
+  for (; i < half; ++i) {
+    const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
+    const float ci = to_f32(c[i]), si = to_f32(s[i]);
+    // Rounded per op, as the twin's bf16 tensor ops are.
+    const float o1 = round_bf16(round_bf16(x1 * ci) - round_bf16(x2 * si));
+    const float o2 = round_bf16(round_bf16(x2 * ci) + round_bf16(x1 * si));
+    x[i] = to_bf16(o1);
+    x[i + half] = to_bf16(o2);
+  }
+}
+
+// Every head of q and k of every row, each rotated by `rotate` with its
+// position's cos/sin rows. T is the element storage: uint16_t (bf16) or float.
+template <typename T, typename Rotate>
+void rope_rows(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions, const T* cp,
+               const T* sp, int64_t head_dim, int64_t max_position, Rotate rotate) {
   const int64_t rows = query.size(0), half = head_dim / 2;
-  const int64_t max_position = cos_cache.size(0);
   const int64_t* pos = positions.data_ptr<int64_t>();
-  const uint16_t* cp = bits(cos_cache);
-  const uint16_t* sp = bits(sin_cache);
   struct Target {
-    uint16_t* base;
+    T* base;
     int64_t stride, heads;
-  } targets[2] = {{mutable_bits(query), query.stride(0), query.size(1) / head_dim},
-                  {mutable_bits(key), key.stride(0), key.size(1) / head_dim}};
+  } targets[2] = {{static_cast<T*>(query.data_ptr()), query.stride(0), query.size(1) / head_dim},
+                  {static_cast<T*>(key.data_ptr()), key.stride(0), key.size(1) / head_dim}};
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t p = pos[r];
       TORCH_CHECK(p >= 0 && p < max_position, "rotary_embedding: position ", p, " out of range");
-      const uint16_t* c = cp + p * head_dim;
-      const uint16_t* s = sp + p * head_dim;
-      for (const Target& t : targets) {
-        for (int64_t h = 0; h < t.heads; ++h) {
-          uint16_t* x = t.base + r * t.stride + h * head_dim;
-          int64_t i = 0;
-          for (; i + kLanes <= half; i += kLanes) {  // the same ops and roundings, 16 lanes at a time
-            const vec16 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
-            const vec16 ci = load_bf16(c + i), si = load_bf16(s + i);
-            const auto rounded = [](vec16 v) { return widen(bf16_bits(v)); };
-            store_bits(x + i, bf16_bits(rounded(x1 * ci) - rounded(x2 * si)));
-            store_bits(x + i + half, bf16_bits(rounded(x2 * ci) + rounded(x1 * si)));
-          }
-          for (; i < half; ++i) {
-            const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
-            const float ci = to_f32(c[i]), si = to_f32(s[i]);
-            // Rounded per op, as the twin's bf16 tensor ops are.
-            const float o1 = round_bf16(round_bf16(x1 * ci) - round_bf16(x2 * si));
-            const float o2 = round_bf16(round_bf16(x2 * ci) + round_bf16(x1 * si));
-            x[i] = to_bf16(o1);
-            x[i + half] = to_bf16(o2);
-          }
-        }
-      }
+      for (const Target& t : targets)
+        for (int64_t h = 0; h < t.heads; ++h)
+          rotate(t.base + r * t.stride + h * head_dim, cp + p * head_dim, sp + p * head_dim, half);
     }
   });
+}
+
+}  // namespace
+
+void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
+                      const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
+                      int64_t head_dim) {
+  const bool f32 = query.scalar_type() == torch::kFloat;
+  const auto dtype = f32 ? torch::kFloat : torch::kBFloat16;
+  const char* dtype_name = f32 ? "float32" : "bfloat16";
+  const auto check_rows = [&](const torch::Tensor& x, const char* name) {
+    TORCH_CHECK(x.scalar_type() == dtype, name, " must be ", dtype_name);
+    TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, " must be [rows, cols] with unit column stride");
+  };
+  check_rows(query, "query");
+  check_rows(key, "key");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),
+              "positions must be contiguous int64");
+  TORCH_CHECK(cos_cache.is_contiguous() && sin_cache.is_contiguous() &&
+                  cos_cache.scalar_type() == dtype && sin_cache.scalar_type() == dtype &&
+                  cos_cache.size(1) == head_dim,
+              "cos/sin caches must be contiguous ", dtype_name, " [max_position, head_dim]");
+  TORCH_CHECK(query.size(1) % head_dim == 0 && key.size(1) % head_dim == 0 && head_dim % 2 == 0,
+              "query/key widths must be multiples of an even head_dim");
+  const int64_t max_position = cos_cache.size(0);
+  if (f32)
+    return rope_rows(query, key, positions, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
+                     head_dim, max_position, rotate_head_f32);
+  rope_rows(query, key, positions, bits(cos_cache), bits(sin_cache), head_dim, max_position,
+            rotate_head_bf16);
 }

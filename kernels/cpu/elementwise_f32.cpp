@@ -10,8 +10,7 @@
 // RoPE's multiply-adds (-ffast-math), which rounds once where torch rounds twice.
 //
 // Shapes: as in elementwise.cpp (x, residual [num_tokens, hidden]; silu's
-// x [num_tokens, 2 * d]; query/key rows with free row stride; positions int64;
-// cos/sin caches [max_position, head_dim], both halves equal).
+// x [num_tokens, 2 * d]); RoPE here is one head, the rows are elementwise.cpp's.
 // The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -32,16 +31,9 @@ inline void store(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // out = w * (h * rsqrt(mean(h^2) + eps)), in the twin's order of multiplications.
 inline void norm_row(const float* h, const float* w, float* out, int64_t n, float eps) {
-  vec16 squares{};
+  const float inv = inv_rms(h, n, eps);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const vec16 v = load(h + i);
-    squares += v * v;
-  }
-  float total = sum(squares);
-  for (; i < n; ++i) total += h[i] * h[i];
-  const float inv = 1.f / std::sqrt(total / static_cast<float>(n) + eps);
-  for (i = 0; i + kLanes <= n; i += kLanes) store(out + i, load(w + i) * (load(h + i) * inv));
+  for (; i + kLanes <= n; i += kLanes) store(out + i, load(w + i) * (load(h + i) * inv));
   for (; i < n; ++i) out[i] = w[i] * (h[i] * inv);
 }
 
@@ -104,52 +96,19 @@ torch::Tensor silu_and_mul_f32(const torch::Tensor& x) {
   return out;
 }
 
-void rotary_embedding_f32(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
-                          const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
-                          int64_t head_dim) {
-  check_f32_rows(query, "query");
-  check_f32_rows(key, "key");
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),
-              "positions must be contiguous int64");
-  TORCH_CHECK(cos_cache.is_contiguous() && sin_cache.is_contiguous() &&
-                  cos_cache.scalar_type() == torch::kFloat &&
-                  sin_cache.scalar_type() == torch::kFloat && cos_cache.size(1) == head_dim,
-              "cos/sin caches must be contiguous float32 [max_position, head_dim]");
-  TORCH_CHECK(query.size(1) % head_dim == 0 && key.size(1) % head_dim == 0 && head_dim % 2 == 0,
-              "query/key widths must be multiples of an even head_dim");
-  const int64_t rows = query.size(0), half = head_dim / 2;
-  const int64_t max_position = cos_cache.size(0);
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  const float* cp = cos_cache.data_ptr<float>();
-  const float* sp = sin_cache.data_ptr<float>();
-  struct Target {
-    float* base;
-    int64_t stride, heads;
-  } targets[2] = {{query.data_ptr<float>(), query.stride(0), query.size(1) / head_dim},
-                  {key.data_ptr<float>(), key.stride(0), key.size(1) / head_dim}};
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t p = pos[r];
-      TORCH_CHECK(p >= 0 && p < max_position, "rotary_embedding: position ", p, " out of range");
-      const float* c = cp + p * head_dim;
-      const float* s = sp + p * head_dim;
-      for (const Target& t : targets) {
-        for (int64_t h = 0; h < t.heads; ++h) {
-          float* x = t.base + r * t.stride + h * head_dim;
-          int64_t i = 0;
-          for (; i + kLanes <= half; i += kLanes) {
-            const vec16 x1 = load(x + i), x2 = load(x + i + half);
-            const vec16 ci = load(c + i), si = load(s + i);
-            store(x + i, x1 * ci - x2 * si);
-            store(x + i + half, x2 * ci + x1 * si);
-          }
-          for (; i < half; ++i) {
-            const float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * c[i] - x2 * s[i];
-            x[i + half] = x2 * c[i] + x1 * s[i];
-          }
-        }
-      }
-    }
-  });
+// One head of NeoX-style RoPE in place: x [head_dim], c/s its position's
+// cos/sin [head_dim / 2 used]; elementwise.cpp checks and walks the rows.
+void rotate_head_f32(float* x, const float* c, const float* s, int64_t half) {
+  int64_t i = 0;
+  for (; i + kLanes <= half; i += kLanes) {
+    const vec16 x1 = load(x + i), x2 = load(x + i + half);
+    const vec16 ci = load(c + i), si = load(s + i);
+    store(x + i, x1 * ci - x2 * si);
+    store(x + i + half, x2 * ci + x1 * si);
+  }
+  for (; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c[i] - x2 * s[i];
+    x[i + half] = x2 * c[i] + x1 * s[i];
+  }
 }

@@ -6,6 +6,7 @@
 
 #include <torch/extension.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -129,6 +130,20 @@ inline float sum(vec16 v) {
 #endif
 
 inline vec16 broadcast(float x) { return vec16{} + x; }
+
+// 1 / sqrt(mean(h^2) + eps) over a float row of n values (RMSNorm's scale).
+inline float inv_rms(const float* h, int64_t n, float eps) {
+  vec16 squares{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    vec16 v;
+    std::memcpy(&v, h + i, sizeof(v));
+    squares += v * v;
+  }
+  float total = sum(squares);
+  for (; i < n; ++i) total += h[i] * h[i];
+  return 1.f / std::sqrt(total / static_cast<float>(n) + eps);
+}
 
 // out[i] = sum(v[i]) for 16 vectors: a transposing tree of 15 shuffle-adds, each
 // halving the lanes per token and doubling the tokens per register.
