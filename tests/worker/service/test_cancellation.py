@@ -35,7 +35,7 @@ def test_an_ended_call_frees_its_blocks(start_worker, how):
     prompt = random_prompts([30], seed=21)[0]
     channel = grpc.insecure_channel(worker.address)
     stub = pb_grpc.WorkerServiceStub(channel)
-    call = stub.Generate(request(prompt, **LONG), timeout=0.5 if how == "deadline" else 60)
+    call = stub.Generate(request(prompt, **LONG), timeout=0.25 if how == "deadline" else 60)
     received = [next(call), next(call)]  # mid-stream: the request holds blocks
     assert worker.stub.GetLoad(pb.GetLoadRequest()).num_kv_blocks_used > 0
     if how == "cancel":
@@ -52,8 +52,9 @@ def test_an_ended_call_frees_its_blocks(start_worker, how):
     assert worker.on_engine(pool_state) == start
     load = worker.stub.GetLoad(pb.GetLoadRequest())
     assert load.num_running_requests == 0 and load.num_active_streams == 0
-    # The engine stopped it: it did not run on to max_tokens unseen.
-    assert load.num_steps - steps_before < LONG["max_tokens"] // 2
+    # The engine stopped it: it did not run on to max_tokens unseen. Relative to what
+    # the client saw, since a fast CPU streams hundreds of tokens before a deadline.
+    assert load.num_steps - steps_before < num_tokens + LONG["max_tokens"] // 4
     # The worker serves on.
     assert len(generate(worker.stub, prompt, temperature=0, max_tokens=3).token_ids()) == 3
     channel.close()
