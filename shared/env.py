@@ -37,10 +37,10 @@ def cpu_kernels() -> bool:
     return os.environ.get("PAGODA_CPU_KERNELS", "1") not in ("0", "false", "False")
 
 
-def cpu_amx_prefill() -> bool:
-    """Whether prefill attention uses the AMX kernel where the CPU has AMX (on
-    unless set to 0: torch's SDPA, for comparing the two)."""
-    return os.environ.get("PAGODA_CPU_AMX_PREFILL", "1") not in ("0", "false", "False")
+def cpu_prefill_kernel() -> bool:
+    """Whether bf16 prefill attention uses the C++ kernel where the CPU has AMX or
+    AVX512-BF16 (on unless set to 0: torch's SDPA, for comparing the two)."""
+    return os.environ.get("PAGODA_CPU_PREFILL_KERNEL", "1") not in ("0", "false", "False")
 
 
 def cpu_malloc_tuning() -> bool:

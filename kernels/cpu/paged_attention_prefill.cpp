@@ -1,18 +1,20 @@
 // Paged attention for prefill rows (many new tokens per sequence) on CPUs with
-// AMX: flash-style, K/V read from the paged cache (so a cached prefix or earlier
-// chunks cost nothing extra), bf16 tile products with fp32 accumulation and an
-// online softmax in fp32.
+// native bf16 products (AMX, or AVX512-BF16 without it): flash-style, K/V read
+// from the paged cache (so a cached prefix or earlier chunks cost nothing extra),
+// bf16 products with fp32 accumulation and an online softmax in fp32.
 //
 // Two passes on ATen's threads:
 //   1. pack: each (sequence, kv head)'s context once, zero-padded to 32 keys:
 //      K rows contiguous ([chunk][32 keys][head_dim]) and V transposed
-//      ([chunk][head_dim][32 keys]), both read as AMX A tiles;
+//      ([chunk][head_dim][32 keys]);
 //   2. attend: (sequence, query head, up to 64 query rows) items, handed out
 //      longest first through an atomic counter, because this machine's cores run
 //      at uneven speeds and static halves leave one waiting.
-// Per 16 query rows and 32 keys: S^T = K Q^T as two 16x16 fp32 tiles (one
-// register = one key's scores for the 16 queries), softmax update lane-wise in
-// AVX-512, O^T += V^T P^T (P in bf16) into head_dim/16 fp32 tiles, rescaled by alpha.
+// Per 16 query rows and 32 keys: S^T = K Q^T (one register = one key's scores for
+// the 16 queries), softmax update lane-wise in AVX-512, O^T = alpha O^T + V^T P^T
+// (P in bf16). With AMX the two products are tile products; with AVX512-BF16
+// each is a register-blocked loop of vdpbf16ps, a key's (or a dim's) bf16 pair
+// broadcast against 16 queries' pairs. Both read the same packed layouts.
 //
 // Shapes:
 //   query, out:        [num_tokens, num_heads, head_dim] bf16
@@ -30,14 +32,18 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "vec16.h"
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define PAGODA_PREFILL 1
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #define PAGODA_AMX 1
+#endif
 #endif
 
 namespace {
@@ -46,8 +52,9 @@ constexpr int kChunk = 32;      // keys per softmax step: two 16-key tiles
 constexpr int kTileRows = 16;   // query rows per tile
 constexpr int kItemTiles = 4;   // row tiles per work item
 
-#ifdef PAGODA_AMX
+#ifdef PAGODA_PREFILL
 
+#ifdef PAGODA_AMX
 struct TileConfig {
   uint8_t palette_id = 1;
   uint8_t start_row = 0;
@@ -70,6 +77,15 @@ bool amx_permitted() {
   // Linux hands out the AMX tile state only to processes that ask (XFEATURE 18).
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
   return ok;
+}
+#endif  // PAGODA_AMX
+
+bool use_amx() {
+#ifdef PAGODA_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
 }
 
 struct Layout {
@@ -119,7 +135,23 @@ inline __m512 exp2_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Four output tiles (64 dims) of O^T += V^T P^T for one chunk: tmm2 holds P^T.
+#ifdef PAGODA_AMX
+// S^T for one chunk as two 16x16 fp32 tiles: st [32 keys][16 queries].
+inline void scores_amx(const uint32_t* qt, const uint16_t* kc, int64_t d, float* st) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t dc = 0; dc < d / 32; ++dc) {
+    _tile_loadd(2, qt + dc * 256, 64);
+    _tile_loadd(3, kc + dc * 32, d * 2);
+    _tile_dpbf16ps(0, 3, 2);
+    _tile_loadd(3, kc + 16 * d + dc * 32, d * 2);
+    _tile_dpbf16ps(1, 3, 2);
+  }
+  _tile_stored(0, st, 64);
+  _tile_stored(1, st + 16 * kTileRows, 64);
+}
+
+// Four output tiles (64 dims) of V^T P^T for one chunk: tmm2 holds P^T.
 inline void pv_group(const uint16_t* v_tiles, float* pv) {
   _tile_zero(4);
   _tile_zero(5);
@@ -139,10 +171,55 @@ inline void pv_group(const uint16_t* v_tiles, float* pv) {
   _tile_stored(7, pv + 3 * 256, 64);
 }
 
+// ot [d][16 queries] = alpha * ot + V^T P^T, P^T given as a B tile (pt).
+inline void values_amx(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512 alpha, float* ot) {
+  alignas(64) float pv[256 * kTileRows];
+  _tile_loadd(2, pt, 64);
+  for (int64_t g = 0; g < d / 64; ++g) pv_group(vc + g * 4 * 512, pv + g * 4 * 256);
+  for (int64_t e = 0; e < d; ++e)
+    _mm512_store_ps(ot + e * kTileRows,
+                    _mm512_fmadd_ps(_mm512_load_ps(ot + e * kTileRows), alpha, _mm512_load_ps(pv + e * kTileRows)));
+}
+#endif  // PAGODA_AMX
+
+inline __m512bh bf16_pair(const uint32_t* p) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p)); }
+
+// S^T for one chunk without AMX: 16 keys at a time in 16 accumulators, each
+// query-pair row of Q^T loaded once per 16 keys; st [32 keys][16 queries].
+inline void scores_avx512(const uint32_t* qt, const uint16_t* kc, int64_t d, float* st) {
+  const int64_t pairs = d / 2;
+  for (int j0 = 0; j0 < kChunk; j0 += 16) {
+    const auto* k32 = reinterpret_cast<const uint32_t*>(kc + j0 * d);  // key j0 + i, pair r: k32[i * pairs + r]
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < pairs; ++r) {
+      const __m512bh q = (__m512bh)_mm512_load_si512(qt + r * kTileRows);
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(k32 + i * pairs + r), q);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(st + (j0 + i) * kTileRows, acc[i]);
+  }
+}
+
+// ot [d][16 queries] = alpha * ot + V^T P^T without AMX: P^T's 16 key-pair rows
+// stay in registers, 8 dims at a time accumulate over them.
+inline void values_avx512(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512 alpha, float* ot) {
+  __m512bh p[kChunk / 2];
+  for (int j = 0; j < kChunk / 2; ++j) p[j] = (__m512bh)_mm512_load_si512(pt + j * kTileRows);
+  const auto* v32 = reinterpret_cast<const uint32_t*>(vc);  // dim e, key pair j: v32[e * 16 + j]
+  for (int64_t e0 = 0; e0 < d; e0 += 8) {
+    __m512 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), alpha);
+    for (int j = 0; j < kChunk / 2; ++j)
+      for (int i = 0; i < 8; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(v32 + (e0 + i) * (kChunk / 2) + j), p[j]);
+    for (int i = 0; i < 8; ++i) _mm512_store_ps(ot + (e0 + i) * kTileRows, acc[i]);
+  }
+}
+
 // One tile of up to 16 query rows of one head, at positions first_pos + i.
 // Scores are computed transposed, S^T = K Q^T, so one register holds one key's
 // scores for all 16 queries: the softmax's max and sum are lane-wise, with no
 // horizontal reductions, and O^T = V^T P^T is rescaled lane-wise too.
+template <bool kAmx>
 void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, const uint16_t* k_packed,
                  const uint16_t* v_packed, const Layout& lay, float scale, int64_t window, uint16_t* out,
                  int64_t out_stride) {
@@ -150,7 +227,6 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
   alignas(64) uint32_t qt[256 / 32 * 256];  // Q^T as B tiles: [dim chunk][16 dim pairs][16 queries]
   alignas(64) float st[kChunk * kTileRows];  // S^T: [32 keys][16 queries]
   alignas(64) uint32_t pt[kChunk / 2 * kTileRows];  // P^T as a B tile: [16 key pairs][16 queries]
-  alignas(64) float pv[256 * kTileRows];  // this chunk's V^T P^T: [dims][16 queries]
   alignas(64) float ot[256 * kTileRows];  // O^T
   for (int64_t r = 0; r < d / 2; ++r)
     for (int n = 0; n < kTileRows; ++n) {
@@ -169,17 +245,11 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
   for (int64_t ch = lo / kChunk; ch <= last_pos / kChunk; ++ch) {
     const uint16_t* kc = k_packed + ch * lay.chunk_elems;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t dc = 0; dc < d / 32; ++dc) {
-      _tile_loadd(2, qt + dc * 256, 64);
-      _tile_loadd(3, kc + dc * 32, d * 2);
-      _tile_dpbf16ps(0, 3, 2);
-      _tile_loadd(3, kc + 16 * d + dc * 32, d * 2);
-      _tile_dpbf16ps(1, 3, 2);
-    }
-    _tile_stored(0, st, 64);
-    _tile_stored(1, st + 16 * kTileRows, 64);
+#ifdef PAGODA_AMX
+    if constexpr (kAmx) scores_amx(qt, kc, d, st);
+    else
+#endif
+      scores_avx512(qt, kc, d, st);
     const int64_t k0 = ch * kChunk;
     // Only chunks crossing a row's causal edge or window start need a mask.
     const bool masked = k0 + kChunk - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
@@ -217,12 +287,12 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
       _mm512_store_si512(pt + (j / 2) * kTileRows, _mm512_or_si512(lo16, _mm512_slli_epi32(hi16, 16)));
     }
     l = _mm512_fmadd_ps(l, alpha, sum);
-    _tile_loadd(2, pt, 64);
     const uint16_t* vc = v_packed + ch * lay.chunk_elems;
-    for (int64_t g = 0; g < d / 64; ++g) pv_group(vc + g * 4 * 512, pv + g * 4 * 256);
-    for (int64_t e = 0; e < d; ++e)
-      _mm512_store_ps(ot + e * kTileRows,
-                      _mm512_fmadd_ps(_mm512_load_ps(ot + e * kTileRows), alpha, _mm512_load_ps(pv + e * kTileRows)));
+#ifdef PAGODA_AMX
+    if constexpr (kAmx) values_amx(vc, pt, d, alpha, ot);
+    else
+#endif
+      values_avx512(vc, pt, d, alpha, ot);
   }
   const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
   for (int64_t e = 0; e < d; ++e) _mm512_store_ps(ot + e * kTileRows, _mm512_mul_ps(_mm512_load_ps(ot + e * kTileRows), inv));
@@ -238,13 +308,25 @@ struct Item {
   int64_t seq, head, first_row, rows, cost;
 };
 
-#endif  // PAGODA_AMX
+// Runs a thread's share of the items, with the AMX tile state set up around it.
+template <bool kAmx, typename Body>
+void run_items(Body&& body) {
+#ifdef PAGODA_AMX
+  if constexpr (kAmx) configure_tiles();
+#endif
+  body();
+#ifdef PAGODA_AMX
+  if constexpr (kAmx) _tile_release();
+#endif
+}
+
+#endif  // PAGODA_PREFILL
 
 }  // namespace
 
 bool prefill_supported(int64_t head_dim) {
-#ifdef PAGODA_AMX
-  return head_dim % 64 == 0 && head_dim <= 256 && amx_permitted();
+#ifdef PAGODA_PREFILL
+  return head_dim % 64 == 0 && head_dim <= 256;
 #else
   (void)head_dim;
   return false;
@@ -265,9 +347,9 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   TORCH_CHECK(query_ranges.scalar_type() == torch::kInt64 && query_ranges.is_contiguous() &&
                   query_ranges.dim() == 2 && query_ranges.size(1) == 2 && query_ranges.size(0) == seq_lens.size(0),
               "query_ranges must be contiguous int64 [num_seqs, 2]");
-  TORCH_CHECK(prefill_supported(query.size(2)), "paged_attention_prefill: AMX or head_dim ",
+  TORCH_CHECK(prefill_supported(query.size(2)), "paged_attention_prefill: AVX512-BF16 or head_dim ",
               query.size(2), " unsupported");
-#ifdef PAGODA_AMX
+#ifdef PAGODA_PREFILL
   Layout lay{query.size(2), query.size(1), key_cache.size(2), key_cache.size(1), 0};
   TORCH_CHECK(lay.num_heads % lay.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   lay.chunk_elems = kChunk * lay.head_dim;
@@ -319,21 +401,27 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t row_stride = lay.num_heads * lay.head_dim;
   const float fscale = static_cast<float>(scale);
+  const bool amx = use_amx();
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    configure_tiles();
-    for (int64_t n = next++; n < static_cast<int64_t>(items.size()); n = next++) {
-      const Item& it = items[n];
-      const int64_t kv = it.head / group, base = kv * chunks + chunk_base[it.seq];
-      const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
-      for (int64_t t = 0; t < it.rows; t += kTileRows) {
-        const int64_t row = it.first_row + t;
-        attend_tile(q + row * row_stride + it.head * lay.head_dim, row_stride,
-                    static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t,
-                    k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems, lay,
-                    fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);
+    auto work = [&](auto amx_tag) {
+      constexpr bool kAmx = decltype(amx_tag)::value;
+      for (int64_t n = next++; n < static_cast<int64_t>(items.size()); n = next++) {
+        const Item& it = items[n];
+        const int64_t kv = it.head / group, base = kv * chunks + chunk_base[it.seq];
+        const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
+        for (int64_t t = 0; t < it.rows; t += kTileRows) {
+          const int64_t row = it.first_row + t;
+          attend_tile<kAmx>(q + row * row_stride + it.head * lay.head_dim, row_stride,
+                            static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t,
+                            k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems,
+                            lay, fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);
+        }
       }
-    }
-    _tile_release();
+    };
+    if (amx)
+      run_items<true>([&] { work(std::true_type{}); });
+    else
+      run_items<false>([&] { work(std::false_type{}); });
   });
 #else
   (void)key_cache, (void)value_cache, (void)block_tables, (void)out, (void)scale, (void)sliding_window;

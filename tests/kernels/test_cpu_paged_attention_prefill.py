@@ -1,4 +1,5 @@
-"""The AMX prefill kernel against its plain-PyTorch twin (on CPUs with AMX)."""
+"""The bf16 prefill kernel against its plain-PyTorch twin (on CPUs with AMX or
+AVX512-BF16)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from kernels.paged_attention_reference import paged_attention_reference
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(
     kernels is None or not kernels.prefill_supported(64),
-    reason="the prefill kernel needs the C++ build on a CPU with AMX",
+    reason="the prefill kernel needs the C++ build on a CPU with AMX or AVX512-BF16",
 )
 
 

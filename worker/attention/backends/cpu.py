@@ -2,12 +2,12 @@
 
 Decode (one new token per sequence) dominates steps and is memory-bound: the
 kernel reads K/V blocks in place instead of gathering them. Prefill rows are
-compute-bound: on CPUs with AMX (bf16) one kernel call attends all of a step's
-prefill sequences from the paged cache, cached prefix included. Elsewhere, or
-in fp32, torch's fused SDPA does them per sequence (the prefill's plain twin),
-straight from the new K/V when the sequence has no cached context. Without a
-compiler, or for head shapes the kernels do not cover, the reference backend
-runs instead.
+compute-bound: in bf16 on CPUs with AMX or AVX512-BF16 one kernel call attends
+all of a step's prefill sequences from the paged cache, cached prefix included.
+Elsewhere, or in fp32, torch's fused SDPA does them per sequence (the prefill's
+plain twin), straight from the new K/V when the sequence has no cached context.
+Without a compiler, or for head shapes the kernels do not cover, the reference
+backend runs instead.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class CPUAttentionBackend(AttentionBackend):
     def __init__(self) -> None:
         self.kernels = load_cpu_kernels()
         self.reference = TorchReferenceBackend()
-        self.amx_prefill = env.cpu_amx_prefill()
+        self.prefill_kernel = env.cpu_prefill_kernel()
 
     def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
         starts = metadata.query_start_loc
@@ -90,7 +90,7 @@ class CPUAttentionBackend(AttentionBackend):
                 scale,
                 sliding_window or 0,
             )
-        if plan.prefills and self._amx_prefill(query, key_cache):
+        if plan.prefills and self._kernel_prefill(query, key_cache):
             self.kernels.paged_attention_prefill(
                 query,
                 key_cache,
@@ -117,11 +117,11 @@ class CPUAttentionBackend(AttentionBackend):
             )
         return out
 
-    def _amx_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
         return (
             query.dtype == torch.bfloat16
             and key_cache.dtype == torch.bfloat16
-            and self.amx_prefill
+            and self.prefill_kernel
             and self.kernels.prefill_supported(query.shape[2])
         )
 
