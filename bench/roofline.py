@@ -2,8 +2,10 @@
 
 Measured with every thread torch may use, best of `--repeats` timings each:
 
-* matmul peak, GFLOP/s, for float32 and bfloat16: `torch.mm` of two square
-  n x n matrices (2 n^3 FLOPs).
+* matmul peak, GFLOP/s, for float32 and bfloat16: the faster of `torch.mm` and
+  oneDNN's prepacked linear (the product Pagoda's and vLLM's CPU linears run)
+  of two square n x n matrices (2 n^3 FLOPs). On AMD CPUs MKL's `torch.mm`
+  alone reads 2-5x low: 96 vs 480 GFLOP/s fp32, 420 vs 930 bf16 on a Zen 5.
 * memory bandwidth, GB/s: copying a 256 MiB tensor (bytes read + written) and
   summing it (bytes read).
 
@@ -61,7 +63,21 @@ def _mm_seconds(torch, dtype, size: int, repeats: int) -> float:
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     out = torch.empty(size, size, dtype=dtype)
-    return _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    seconds = _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    packed = _packed_weight(torch, b, size)
+    if packed is not None:
+        linear = torch.ops.mkldnn._linear_pointwise
+        seconds = min(seconds, _best_seconds(lambda: linear(a, packed, None, "none", [], ""), repeats))
+    return seconds
+
+
+def _packed_weight(torch, weight, rows: int):
+    """`weight` reordered for oneDNN's linear, or None where this build or CPU
+    cannot (no mkldnn; bf16 without AVX-512)."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def memory_gb_s(repeats: int = 5, num_bytes: int = _MEMORY_BYTES) -> dict[str, float]:
