@@ -67,7 +67,9 @@ def _mm_seconds(torch, dtype, size: int, repeats: int) -> float:
     packed = _packed_weight(torch, b, size)
     if packed is not None:
         linear = torch.ops.mkldnn._linear_pointwise
-        seconds = min(seconds, _best_seconds(lambda: linear(a, packed, None, "none", [], ""), repeats))
+        seconds = min(
+            seconds, _best_seconds(lambda: linear(a, packed, None, "none", [], ""), repeats)
+        )
     return seconds
 
 
