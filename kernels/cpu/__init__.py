@@ -25,12 +25,13 @@ _SOURCES = [
         "module.cpp",
         "paged_attention_decode.cpp",
         "paged_attention_prefill.cpp",
+        "cascade_prefix.cpp",
         "elementwise.cpp",
         "elementwise_f32.cpp",
         "cache_write.cpp",
     )
 ]
-_HEADERS = [Path(__file__).with_name("vec16.h")]
+_HEADERS = [Path(__file__).with_name(name) for name in ("vec16.h", "flash_tile.h")]
 # -fopenmp: at::parallel_for is header code that runs its loop on torch's OpenMP
 # threads only when the extension itself is built with OpenMP (without it every
 # kernel silently ran on one thread).

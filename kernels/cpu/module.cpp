@@ -2,13 +2,20 @@
 // this file binds them.
 #include <torch/extension.h>
 
+#include <optional>
 #include <tuple>
 
 bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                             const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                            torch::Tensor& out, double scale, int64_t sliding_window);
+                            torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
+                            const std::optional<torch::Tensor>& prefix_out,
+                            const std::optional<torch::Tensor>& prefix_lse);
+void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
+                           const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
+                           int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
+                           torch::Tensor& lse, double scale);
 bool prefill_supported(int64_t head_dim);
 void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& key_cache,
                              const torch::Tensor& value_cache, const torch::Tensor& block_tables,
@@ -25,10 +32,16 @@ void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Ten
                       int64_t head_dim);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention_decode", &paged_attention_decode, "Paged attention, one query per sequence");
+  m.def("paged_attention_decode", &paged_attention_decode, "Paged attention, one query per sequence",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("seq_lens"), py::arg("query_rows"), py::arg("out"), py::arg("scale"),
+        py::arg("sliding_window"), py::arg("prefix_len") = 0, py::arg("prefix_out") = py::none(),
+        py::arg("prefix_lse") = py::none());
+  m.def("attention_over_prefix", &attention_over_prefix,
+        "Cascade: every decode query against the prefix all its sequences share");
   m.def("supports", &supports, "Whether the decode kernel handles these head shapes");
   m.def("paged_attention_prefill", &paged_attention_prefill,
-        "Paged attention over many new rows per sequence (AMX tiles)");
+        "Paged attention over many new rows per sequence (bf16 tiles)");
   m.def("prefill_supported", &prefill_supported, "Whether this build and CPU run the prefill kernel");
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 or float32 rows");

@@ -12,6 +12,11 @@
 //   key/value_cache:     [num_blocks, block_size, num_kv_heads, head_dim]
 //   block_tables:        [num_seqs, max_num_blocks] int32
 //   seq_lens, query_rows:[num_seqs] int32 / int64
+//   prefix_out, prefix_lse (cascade, optional): [num_kv_heads, num_seqs * group,
+//                        head_dim] / [num_kv_heads, num_seqs * group] float32, the
+//                        attention over the first prefix_len tokens
+//                        (cascade_prefix.cpp); this kernel then attends tokens
+//                        [prefix_len, seq_len) and merges the two by log-sum-exp.
 //
 // The plain-PyTorch twin is kernels/paged_attention_reference.py.
 #include <torch/extension.h>
@@ -93,13 +98,23 @@ inline void float_weighted_sum(const float* scores, int64_t span, const float* v
   }
 }
 
+// A cascade's prefix half for one sequence (out == nullptr: none): its rows in
+// attention_over_prefix's [kv head][seq * group + g] layout.
+struct Prefix {
+  const float* out = nullptr;
+  const float* lse = nullptr;
+  int64_t seq = 0, rows = 0;  // this sequence, and rows per kv head (num_seqs * group)
+  int64_t row(int head, int group) const { return (head / group) * rows + seq * group + head % group; }
+};
+
 // One sequence: every KV head, reading each token's whole K (then V) row once,
 // contiguously, so the hardware prefetcher streams the blocks.
 template <typename scalar_t, int kChunks>
 void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
                      const int32_t* table, int64_t first, int64_t len, int64_t block_size,
                      int64_t block_stride, int num_kv_heads, int group, float scale,
-                     std::vector<float>& scores, std::vector<vec16>& work, scalar_t* o_row) {
+                     const Prefix& prefix, std::vector<float>& scores, std::vector<vec16>& work,
+                     scalar_t* o_row) {
   const int num_heads = num_kv_heads * group;
   const int64_t span = len - first;
   const int64_t token_stride = static_cast<int64_t>(num_kv_heads) * kChunks * kLanes;
@@ -173,8 +188,9 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
     }
   }
   if (pending > 0) flush(len);
-  // Softmax per query head (normalised at the end).
-  std::vector<float> inv_sum(num_heads);
+  // Softmax per query head (normalised at the end, where a cascade's prefix half
+  // joins: weights[head] for this part's sums, prefix_weights[head] for it).
+  std::vector<float> weights(num_heads), prefix_weights(num_heads, 0.f);
   for (int head = 0; head < num_heads; ++head) {
     float* s = scores.data() + head * span;
     float m = -INFINITY;
@@ -191,7 +207,17 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
       s[i] = std::exp(s[i] - m);
       total += s[i];
     }
-    inv_sum[head] = 1.f / total;
+    if (prefix.out == nullptr) {
+      weights[head] = 1.f / total;
+      continue;
+    }
+    // Both halves as exp(lse - top): this one's sums carry exp(m).
+    const float lse_p = prefix.lse[prefix.row(head, group)];
+    const float top = std::max(m, lse_p);
+    const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
+    const float inv = 1.f / (total * w_s + w_p);
+    weights[head] = w_s * inv;
+    prefix_weights[head] = w_p * inv;
   }
   // Pass 2: out_head = sum_t p[head, t] v_t
   for (int64_t t = first; t < len;) {
@@ -222,18 +248,23 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
       }
     }
   }
-  for (int head = 0; head < num_heads; ++head)
+  for (int head = 0; head < num_heads; ++head) {
+    const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kChunks * kLanes : nullptr;
     for (int c = 0; c < kChunks; ++c)
-      for (int i = 0; i < kLanes; ++i)
-        o_row[(head * kChunks + c) * kLanes + i] =
-            static_cast<scalar_t>(acc[head * kChunks + c][i] * inv_sum[head]);
+      for (int i = 0; i < kLanes; ++i) {
+        float o = acc[head * kChunks + c][i] * weights[head];
+        if (p != nullptr) o += p[c * kLanes + i] * prefix_weights[head];
+        o_row[(head * kChunks + c) * kLanes + i] = static_cast<scalar_t>(o);
+      }
+  }
 }
 
 template <typename scalar_t, int kChunks>
 void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                    const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                    const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                   torch::Tensor& out, double scale, int64_t sliding_window) {
+                   torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
+                   const float* prefix_out, const float* prefix_lse) {
   const int64_t num_seqs = seq_lens.size(0);
   const int64_t num_heads = query.size(1);
   const int64_t head_dim = query.size(2);
@@ -256,11 +287,12 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
     std::vector<vec16> work;
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t len = len_ptr[seq];
-      const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
+      const int64_t window_first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t row_offset = row_ptr[seq] * num_heads * head_dim;
+      const Prefix prefix{prefix_out, prefix_lse, seq, num_seqs * group};
       decode_sequence<scalar_t, kChunks>(
-          q_ptr + row_offset, k_ptr, v_ptr, bt_ptr + seq * max_blocks, first, len, block_size,
-          block_stride, num_kv_heads, group, static_cast<float>(scale), scores, work,
+          q_ptr + row_offset, k_ptr, v_ptr, bt_ptr + seq * max_blocks, std::max(window_first, prefix_len), len,
+          block_size, block_stride, num_kv_heads, group, static_cast<float>(scale), prefix, scores, work,
           o_ptr + row_offset);
     }
   });
@@ -270,12 +302,14 @@ template <typename scalar_t>
 void dispatch_head_dim(const torch::Tensor& query, const torch::Tensor& key_cache,
                        const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                        const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                       torch::Tensor& out, double scale, int64_t sliding_window) {
+                       torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
+                       const float* prefix_out, const float* prefix_lse) {
   switch (query.size(2) / kLanes) {
 #define PAGODA_CHUNKS(n)                                                                      \
   case n:                                                                                     \
     return decode_kernel<scalar_t, n>(query, key_cache, value_cache, block_tables, seq_lens, \
-                                      query_rows, out, scale, sliding_window);
+                                      query_rows, out, scale, sliding_window, prefix_len,     \
+                                      prefix_out, prefix_lse);
     PAGODA_CHUNKS(1) PAGODA_CHUNKS(2) PAGODA_CHUNKS(4) PAGODA_CHUNKS(8) PAGODA_CHUNKS(16)
 #undef PAGODA_CHUNKS
     default:
@@ -294,7 +328,9 @@ bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
 void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                             const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                            torch::Tensor& out, double scale, int64_t sliding_window) {
+                            torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
+                            const std::optional<torch::Tensor>& prefix_out,
+                            const std::optional<torch::Tensor>& prefix_lse) {
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous(), "query and out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32, "block_tables must be int32");
@@ -303,16 +339,34 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
   TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(supports(query.size(1), key_cache.size(2), query.size(2)),
               "paged_attention_decode: unsupported head shape");
+  const float* p_out = nullptr;
+  const float* p_lse = nullptr;
+  if (prefix_len > 0) {
+    const int64_t num_seqs = seq_lens.size(0), rows = num_seqs * (query.size(1) / key_cache.size(2));
+    TORCH_CHECK(prefix_out.has_value() && prefix_lse.has_value(), "prefix_len needs prefix_out and prefix_lse");
+    TORCH_CHECK(sliding_window == 0, "a cascade prefix and a sliding window do not mix");
+    TORCH_CHECK(prefix_out->scalar_type() == torch::kFloat && prefix_out->is_contiguous() &&
+                    prefix_out->numel() == key_cache.size(2) * rows * query.size(2),
+                "prefix_out must be contiguous float32 [num_kv_heads, num_seqs * group, head_dim]");
+    TORCH_CHECK(prefix_lse->scalar_type() == torch::kFloat && prefix_lse->is_contiguous() &&
+                    prefix_lse->numel() == key_cache.size(2) * rows,
+                "prefix_lse must be contiguous float32 [num_kv_heads, num_seqs * group]");
+    const int32_t* lens = seq_lens.data_ptr<int32_t>();
+    for (int64_t s = 0; s < num_seqs; ++s)
+      TORCH_CHECK(lens[s] > prefix_len, "sequence ", s, " (", lens[s], " tokens) has no token past the prefix");
+    p_out = prefix_out->data_ptr<float>();
+    p_lse = prefix_lse->data_ptr<float>();
+  }
   switch (query.scalar_type()) {
     case torch::kFloat:
       return dispatch_head_dim<float>(query, key_cache, value_cache, block_tables, seq_lens, query_rows,
-                                  out, scale, sliding_window);
+                                  out, scale, sliding_window, prefix_len, p_out, p_lse);
     case torch::kBFloat16:
       return dispatch_head_dim<at::BFloat16>(query, key_cache, value_cache, block_tables, seq_lens,
-                                         query_rows, out, scale, sliding_window);
+                                         query_rows, out, scale, sliding_window, prefix_len, p_out, p_lse);
     case torch::kHalf:
       return dispatch_head_dim<at::Half>(query, key_cache, value_cache, block_tables, seq_lens,
-                                     query_rows, out, scale, sliding_window);
+                                     query_rows, out, scale, sliding_window, prefix_len, p_out, p_lse);
     default:
       TORCH_CHECK(false, "paged_attention_decode: unsupported dtype ", query.scalar_type());
   }

@@ -10,11 +10,8 @@
 //   2. attend: (sequence, query head, up to 64 query rows) items, handed out
 //      longest first through an atomic counter, because this machine's cores run
 //      at uneven speeds and static halves leave one waiting.
-// Per 16 query rows and 32 keys: S^T = K Q^T (one register = one key's scores for
-// the 16 queries), softmax update lane-wise in AVX-512, O^T = alpha O^T + V^T P^T
-// (P in bf16). With AMX the two products are tile products; with AVX512-BF16
-// each is a register-blocked loop of vdpbf16ps, a key's (or a dim's) bf16 pair
-// broadcast against 16 queries' pairs. Both read the same packed layouts.
+// The tile itself (the packed layout, the products, the online softmax) is in
+// flash_tile.h, shared with the cascade's shared-prefix kernel.
 //
 // Shapes:
 //   query, out:        [num_tokens, num_heads, head_dim] bf16
@@ -28,297 +25,19 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <mutex>
-#include <type_traits>
 #include <vector>
 
-#include "vec16.h"
-
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#define PAGODA_PREFILL 1
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define PAGODA_AMX 1
-#endif
-#endif
+#include "flash_tile.h"
 
 namespace {
 
-constexpr int kChunk = 32;      // keys per softmax step: two 16-key tiles
-constexpr int kTileRows = 16;   // query rows per tile
-constexpr int kItemTiles = 4;   // row tiles per work item
+constexpr int kItemTiles = 4;  // row tiles per work item
 
 #ifdef PAGODA_PREFILL
-
-#ifdef PAGODA_AMX
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every tile is 16 rows of 64 bytes: 16 fp32 or 32 bf16 per row.
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-bool amx_permitted() {
-  // Linux hands out the AMX tile state only to processes that ask (XFEATURE 18).
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return ok;
-}
-#endif  // PAGODA_AMX
-
-bool use_amx() {
-#ifdef PAGODA_AMX
-  return amx_permitted();
-#else
-  return false;
-#endif
-}
-
-struct Layout {
-  int64_t head_dim, num_heads, num_kv_heads, block_size;
-  int64_t chunk_elems;  // packed bf16 per 32-key chunk, of K and of V each
-};
-
-// Pack one (sequence, kv head)'s first `len` keys, zero past len: K rows
-// contiguous ([chunk][32 keys][head_dim], an A tile of 16 keys x 32 dims at a
-// row stride of head_dim), V transposed ([chunk][head_dim / 16][16 dims][32 keys],
-// an A tile of 16 dims x 32 keys).
-void pack_context(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table, int64_t len,
-                  int64_t kv_head, const Layout& lay, uint16_t* k_out, uint16_t* v_out) {
-  const int64_t d = lay.head_dim, num_chunks = (len + kChunk - 1) / kChunk;
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    uint16_t* kc = k_out + c * lay.chunk_elems;
-    uint16_t* vc = v_out + c * lay.chunk_elems;
-    for (int j = 0; j < kChunk; ++j) {
-      const int64_t p = c * kChunk + j;
-      if (p >= len) {
-        std::memset(kc + j * d, 0, d * 2);
-        for (int64_t e = 0; e < d; ++e) vc[e * kChunk + j] = 0;
-        continue;
-      }
-      const int64_t slot = static_cast<int64_t>(table[p / lay.block_size]) * lay.block_size + p % lay.block_size;
-      const int64_t offset = (slot * lay.num_kv_heads + kv_head) * d;
-      std::memcpy(kc + j * d, k_cache + offset, d * 2);
-      const uint16_t* v = v_cache + offset;
-      for (int64_t e = 0; e < d; ++e) vc[e * kChunk + j] = v[e];  // [dim][key] = tiles of 16 dims
-    }
-  }
-}
-
-// 2^x for x <= 0 (clamped at -126): 2^n * p(f), f = x - n in [-0.5, 0.5], p the
-// degree-5 Taylor polynomial of 2^f; relative error under 3e-6, ample for
-// probabilities that are rounded to bf16 next.
-inline __m512 exp2_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-#ifdef PAGODA_AMX
-// S^T for one chunk as two 16x16 fp32 tiles: st [32 keys][16 queries].
-inline void scores_amx(const uint32_t* qt, const uint16_t* kc, int64_t d, float* st) {
-  _tile_zero(0);
-  _tile_zero(1);
-  for (int64_t dc = 0; dc < d / 32; ++dc) {
-    _tile_loadd(2, qt + dc * 256, 64);
-    _tile_loadd(3, kc + dc * 32, d * 2);
-    _tile_dpbf16ps(0, 3, 2);
-    _tile_loadd(3, kc + 16 * d + dc * 32, d * 2);
-    _tile_dpbf16ps(1, 3, 2);
-  }
-  _tile_stored(0, st, 64);
-  _tile_stored(1, st + 16 * kTileRows, 64);
-}
-
-// Four output tiles (64 dims) of V^T P^T for one chunk: tmm2 holds P^T.
-inline void pv_group(const uint16_t* v_tiles, float* pv) {
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
-  _tile_loadd(3, v_tiles + 0 * 512, 64);
-  _tile_dpbf16ps(4, 3, 2);
-  _tile_loadd(3, v_tiles + 1 * 512, 64);
-  _tile_dpbf16ps(5, 3, 2);
-  _tile_loadd(3, v_tiles + 2 * 512, 64);
-  _tile_dpbf16ps(6, 3, 2);
-  _tile_loadd(3, v_tiles + 3 * 512, 64);
-  _tile_dpbf16ps(7, 3, 2);
-  _tile_stored(4, pv + 0 * 256, 64);
-  _tile_stored(5, pv + 1 * 256, 64);
-  _tile_stored(6, pv + 2 * 256, 64);
-  _tile_stored(7, pv + 3 * 256, 64);
-}
-
-// ot [d][16 queries] = alpha * ot + V^T P^T, P^T given as a B tile (pt).
-inline void values_amx(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512 alpha, float* ot) {
-  alignas(64) float pv[256 * kTileRows];
-  _tile_loadd(2, pt, 64);
-  for (int64_t g = 0; g < d / 64; ++g) pv_group(vc + g * 4 * 512, pv + g * 4 * 256);
-  for (int64_t e = 0; e < d; ++e)
-    _mm512_store_ps(ot + e * kTileRows,
-                    _mm512_fmadd_ps(_mm512_load_ps(ot + e * kTileRows), alpha, _mm512_load_ps(pv + e * kTileRows)));
-}
-#endif  // PAGODA_AMX
-
-inline __m512bh bf16_pair(const uint32_t* p) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p)); }
-
-// S^T for one chunk without AMX: 16 keys at a time in 16 accumulators, each
-// query-pair row of Q^T loaded once per 16 keys; st [32 keys][16 queries].
-inline void scores_avx512(const uint32_t* qt, const uint16_t* kc, int64_t d, float* st) {
-  const int64_t pairs = d / 2;
-  for (int j0 = 0; j0 < kChunk; j0 += 16) {
-    const auto* k32 = reinterpret_cast<const uint32_t*>(kc + j0 * d);  // key j0 + i, pair r: k32[i * pairs + r]
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t r = 0; r < pairs; ++r) {
-      const __m512bh q = (__m512bh)_mm512_load_si512(qt + r * kTileRows);
-      for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(k32 + i * pairs + r), q);
-    }
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(st + (j0 + i) * kTileRows, acc[i]);
-  }
-}
-
-// ot [d][16 queries] = alpha * ot + V^T P^T without AMX: P^T's 16 key-pair rows
-// stay in registers, 8 dims at a time accumulate over them.
-inline void values_avx512(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512 alpha, float* ot) {
-  __m512bh p[kChunk / 2];
-  for (int j = 0; j < kChunk / 2; ++j) p[j] = (__m512bh)_mm512_load_si512(pt + j * kTileRows);
-  const auto* v32 = reinterpret_cast<const uint32_t*>(vc);  // dim e, key pair j: v32[e * 16 + j]
-  for (int64_t e0 = 0; e0 < d; e0 += 8) {
-    __m512 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), alpha);
-    for (int j = 0; j < kChunk / 2; ++j)
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(v32 + (e0 + i) * (kChunk / 2) + j), p[j]);
-    for (int i = 0; i < 8; ++i) _mm512_store_ps(ot + (e0 + i) * kTileRows, acc[i]);
-  }
-}
-
-// One tile of up to 16 query rows of one head, at positions first_pos + i.
-// Scores are computed transposed, S^T = K Q^T, so one register holds one key's
-// scores for all 16 queries: the softmax's max and sum are lane-wise, with no
-// horizontal reductions, and O^T = V^T P^T is rescaled lane-wise too.
-template <bool kAmx>
-void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, const uint16_t* k_packed,
-                 const uint16_t* v_packed, const Layout& lay, float scale, int64_t window, uint16_t* out,
-                 int64_t out_stride) {
-  const int64_t d = lay.head_dim;
-  alignas(64) uint32_t qt[256 / 32 * 256];  // Q^T as B tiles: [dim chunk][16 dim pairs][16 queries]
-  alignas(64) float st[kChunk * kTileRows];  // S^T: [32 keys][16 queries]
-  alignas(64) uint32_t pt[kChunk / 2 * kTileRows];  // P^T as a B tile: [16 key pairs][16 queries]
-  alignas(64) float ot[256 * kTileRows];  // O^T
-  for (int64_t r = 0; r < d / 2; ++r)
-    for (int n = 0; n < kTileRows; ++n) {
-      uint32_t w = 0;
-      if (n < rows) std::memcpy(&w, q + n * q_stride + 2 * r, 4);
-      qt[r * kTileRows + n] = w;
-    }
-  std::fill(ot, ot + d * kTileRows, 0.f);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 zero = _mm512_setzero_ps();
-  __m512 m = neg_inf, l = zero;  // per query, in log2 units
-  const __m512i q_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first_pos)),
-                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
-  const int64_t last_pos = first_pos + rows - 1;
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-  for (int64_t ch = lo / kChunk; ch <= last_pos / kChunk; ++ch) {
-    const uint16_t* kc = k_packed + ch * lay.chunk_elems;
-#ifdef PAGODA_AMX
-    if constexpr (kAmx) scores_amx(qt, kc, d, st);
-    else
-#endif
-      scores_avx512(qt, kc, d, st);
-    const int64_t k0 = ch * kChunk;
-    // Only chunks crossing a row's causal edge or window start need a mask.
-    const bool masked = k0 + kChunk - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
-    __m512 x[kChunk];
-    __m512 mx = m;
-    for (int j = 0; j < kChunk; ++j) {
-      x[j] = _mm512_mul_ps(_mm512_load_ps(st + j * kTileRows), c);
-      if (masked) {
-        const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(k0 + j));
-        __mmask16 drop = _mm512_cmpgt_epi32_mask(key, q_pos);
-        if (window > 0)
-          drop |= _mm512_cmpge_epi32_mask(_mm512_sub_epi32(q_pos, key), _mm512_set1_epi32(static_cast<int32_t>(window)));
-        x[j] = _mm512_mask_blend_ps(drop, x[j], neg_inf);
-      }
-      mx = _mm512_max_ps(mx, x[j]);
-    }
-    // A query with no key yet keeps m = -inf: shift by 0 so nothing becomes NaN.
-    const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
-    const __m512 base = _mm512_mask_blend_ps(none, mx, zero);
-    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
-                                             exp2_nonpositive(_mm512_sub_ps(m, base)));
-    m = mx;
-    __m512 sum = zero;
-    for (int j = 0; j < kChunk; j += 2) {
-      __m512 p0 = exp2_nonpositive(_mm512_sub_ps(x[j], base));
-      __m512 p1 = exp2_nonpositive(_mm512_sub_ps(x[j + 1], base));
-      if (masked) {
-        p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[j], neg_inf, _CMP_NEQ_OQ), p0);
-        p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[j + 1], neg_inf, _CMP_NEQ_OQ), p1);
-      }
-      sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-      // One B-tile row: (key j, key j+1) bf16 pairs for each query.
-      const __m512i lo16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p0));
-      const __m512i hi16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p1));
-      _mm512_store_si512(pt + (j / 2) * kTileRows, _mm512_or_si512(lo16, _mm512_slli_epi32(hi16, 16)));
-    }
-    l = _mm512_fmadd_ps(l, alpha, sum);
-    const uint16_t* vc = v_packed + ch * lay.chunk_elems;
-#ifdef PAGODA_AMX
-    if constexpr (kAmx) values_amx(vc, pt, d, alpha, ot);
-    else
-#endif
-      values_avx512(vc, pt, d, alpha, ot);
-  }
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
-  for (int64_t e = 0; e < d; ++e) _mm512_store_ps(ot + e * kTileRows, _mm512_mul_ps(_mm512_load_ps(ot + e * kTileRows), inv));
-  for (int i = 0; i < rows; ++i)
-    for (int64_t e = 0; e < d; e += kLanes) {
-      vec16 v;
-      for (int n = 0; n < kLanes; ++n) v[n] = ot[(e + n) * kTileRows + i];
-      store_bf16(out + i * out_stride + e, v);
-    }
-}
-
 struct Item {
   int64_t seq, head, first_row, rows, cost;
 };
-
-// Runs a thread's share of the items, with the AMX tile state set up around it.
-template <bool kAmx, typename Body>
-void run_items(Body&& body) {
-#ifdef PAGODA_AMX
-  if constexpr (kAmx) configure_tiles();
-#endif
-  body();
-#ifdef PAGODA_AMX
-  if constexpr (kAmx) _tile_release();
-#endif
-}
 
 #endif  // PAGODA_PREFILL
 
@@ -412,7 +131,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
         for (int64_t t = 0; t < it.rows; t += kTileRows) {
           const int64_t row = it.first_row + t;
           attend_tile<kAmx>(q + row * row_stride + it.head * lay.head_dim, row_stride,
-                            static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t,
+                            static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t, 1,
                             k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems,
                             lay, fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);
         }

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from worker.attention.backends import get_attention_backend
+from worker.attention.backends.cpu import shared_leading_blocks
 from worker.attention.metadata import AttentionMetadata
 
 
@@ -22,8 +23,9 @@ from worker.attention.metadata import AttentionMetadata
 )
 def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim, dtype):
     """head_dim 24 is not a multiple of 16: the backend falls back to the reference.
-    bf16 with head_dim 64 takes the AMX prefill kernel where the CPU has AMX (SDPA
-    elsewhere); the reference then runs in fp32 on the same bf16 values."""
+    bf16 with head_dim 64 takes the prefill kernel where the CPU has AMX or
+    AVX512-BF16 (SDPA elsewhere); the reference then runs in fp32 on the same
+    bf16 values."""
     torch.manual_seed(1)
     num_heads, num_kv_heads, block_size, num_blocks = 6, 2, 4, 40
     # (cached context, new tokens): decode, fresh prefill, chunk after a prefix, decode.
@@ -78,3 +80,62 @@ def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim, dtype):
         outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance
     )
     torch.testing.assert_close(caches["cpu"][0].float(), caches["torch"][0])
+
+
+def test_shared_leading_blocks_counts_equal_columns_from_the_left():
+    tables = torch.tensor([[4, 9, 2, 7], [4, 9, 3, 7], [4, 9, 2, 0]], dtype=torch.int32)
+    assert shared_leading_blocks(tables) == 2
+    assert shared_leading_blocks(tables[:1]) == 4
+    assert shared_leading_blocks(torch.tensor([[1, 2], [3, 2]], dtype=torch.int32)) == 0
+
+
+def test_decode_rows_sharing_a_prefix_run_as_a_cascade():
+    """10 decode sequences over one cached 160-token prefix, and a prefill in the
+    same step: the cascade (where the CPU runs the bf16 tiles) equals the reference."""
+    torch.manual_seed(2)
+    num_heads, num_kv_heads, head_dim, block_size = 6, 2, 64, 16
+    own = [1, 5, 16, 17, 3, 30, 9, 2, 11, 20]  # tokens past the prefix, the last one new
+    num_blocks = 10 + sum(-(-n // block_size) for n in own) + 4
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(torch.bfloat16)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(torch.bfloat16)
+    perm = torch.randperm(num_blocks).tolist()
+    prefix = [perm.pop() for _ in range(10)]
+    block_tables = torch.zeros(len(own) + 1, 13, dtype=torch.int32)
+    seq_lens, slots = [], []
+    for i, n in enumerate(own):
+        blocks = prefix + [perm.pop() for _ in range(-(-n // block_size))]
+        block_tables[i, : len(blocks)] = torch.tensor(blocks)
+        last = 160 + n - 1
+        slots.append(blocks[last // block_size] * block_size + last % block_size)
+        seq_lens.append(160 + n)
+    prefill_blocks = [perm.pop() for _ in range(2)]  # a fresh 20-token prompt
+    block_tables[len(own), :2] = torch.tensor(prefill_blocks)
+    slots += [prefill_blocks[p // block_size] * block_size + p % block_size for p in range(20)]
+    seq_lens.append(20)
+    query_start_loc = list(range(len(own) + 1)) + [len(own) + 20]
+    num_tokens = query_start_loc[-1]
+    query = torch.randn(num_tokens, num_heads, head_dim).to(torch.bfloat16)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim).to(torch.bfloat16)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(torch.bfloat16)
+    outputs = {}
+    for name in ("cpu", "torch"):
+        backend = get_attention_backend(name, "cpu")
+        caches = [c.clone() if name == "cpu" else c.float() for c in (key_cache, value_cache)]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots),
+            block_tables=block_tables,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            max_query_len=20,
+            max_seq_len=max(seq_lens),
+        )
+        meta.backend_plan = backend.prepare(meta)
+        q, k, v = (t.float() if name == "torch" else t for t in (query, key, value))
+        if name == "cpu":
+            assert meta.backend_plan.cascade_blocks == 10
+            assert meta.backend_plan.decode_min_len == 161
+            prefix_len = backend._cascade_prefix_len(q, caches[0], meta.backend_plan, None)
+            assert prefix_len == (160 if backend._kernel_prefill(q, caches[0]) else 0)
+            assert backend._cascade_prefix_len(q, caches[0], meta.backend_plan, 64) == 0
+        outputs[name] = backend.forward(q, k, v, *caches, meta, 0.125, None)
+    torch.testing.assert_close(outputs["cpu"].float(), outputs["torch"], atol=2e-2, rtol=2e-2)

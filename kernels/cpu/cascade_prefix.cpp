@@ -1,0 +1,118 @@
+// The shared-prefix half of cascade attention for decode rows (bf16, on CPUs
+// with AMX or AVX512-BF16).
+//
+// When every decode sequence of a step starts with the same cached blocks (a
+// shared system prompt, a few-shot prefix, n samples of one prompt), per-sequence
+// decode attention reads those blocks once per sequence. Here all the decode
+// queries attend to the prefix together instead: the prefix is packed once per KV
+// head and the queries of a GQA group of every sequence form the rows of the
+// flash tiles of flash_tile.h, so the prefix's K/V are read once per step and the
+// work is tile products instead of per-row dot products. The decode kernel then
+// attends each sequence's own tokens and merges both halves by their
+// log-sum-exp (paged_attention_decode's prefix arguments).
+//
+// Shapes:
+//   query:            [num_tokens, num_heads, head_dim] bf16; decode rows picked by query_rows
+//   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim] bf16
+//   prefix_table:     [>= prefix_len / block_size] int32, the blocks every sequence starts with
+//   query_rows:       [num_seqs] int64
+//   out:              [num_kv_heads, num_seqs * group, head_dim] float32: row seq * group + g
+//                     of KV head h is query head h * group + g of sequence seq, normalised
+//                     over the prefix alone
+//   lse:              [num_kv_heads, num_seqs * group] float32, log-sum-exp of those rows'
+//                     scaled scores over the prefix
+// The plain-PyTorch twin: kernels/paged_attention_reference.py over the whole context.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "flash_tile.h"
+
+bool prefill_supported(int64_t head_dim);  // paged_attention_prefill.cpp: this build and CPU run the tiles
+
+void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
+                           const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
+                           int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
+                           torch::Tensor& lse, double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && key_cache.scalar_type() == torch::kBFloat16,
+              "attention_over_prefix takes bf16");
+  TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "query and caches must be contiguous");
+  TORCH_CHECK(prefix_table.scalar_type() == torch::kInt32 && prefix_table.is_contiguous(),
+              "prefix_table must be contiguous int32");
+  TORCH_CHECK(query_rows.scalar_type() == torch::kInt64 && query_rows.is_contiguous(),
+              "query_rows must be contiguous int64");
+  const int64_t num_seqs = query_rows.size(0), num_heads = query.size(1), d = query.size(2);
+  const int64_t num_kv_heads = key_cache.size(2), block_size = key_cache.size(1);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  const int64_t group = num_heads / num_kv_heads, rows = num_seqs * group;
+  TORCH_CHECK(prefix_len >= 1 && (prefix_len + block_size - 1) / block_size <= prefix_table.size(0),
+              "prefix_len ", prefix_len, " needs more blocks than prefix_table holds");
+  TORCH_CHECK(out.scalar_type() == torch::kFloat && out.is_contiguous() && out.numel() == num_kv_heads * rows * d,
+              "out must be contiguous float32 [num_kv_heads, num_seqs * group, head_dim]");
+  TORCH_CHECK(lse.scalar_type() == torch::kFloat && lse.is_contiguous() && lse.numel() == num_kv_heads * rows,
+              "lse must be contiguous float32 [num_kv_heads, num_seqs * group]");
+  TORCH_CHECK(prefill_supported(d), "attention_over_prefix: AVX512-BF16 or head_dim ", d, " unsupported");
+#ifdef PAGODA_PREFILL
+  Layout lay{d, num_heads, num_kv_heads, block_size, kChunk * d};
+  const int64_t chunks = (prefix_len + kChunk - 1) / kChunk;
+  const int64_t* qrows = query_rows.data_ptr<int64_t>();
+  for (int64_t s = 0; s < num_seqs; ++s)
+    TORCH_CHECK(qrows[s] >= 0 && qrows[s] < query.size(0), "query row ", qrows[s], " out of range");
+  // Kept between calls, as the prefill kernel's: [kv head][chunk] packed K and V,
+  // and the queries gathered per KV head, [kv head][seq * group + g][head_dim].
+  static std::vector<uint16_t> k_packed, v_packed, q_rows;
+  static std::mutex scratch_mutex;
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  const size_t packed = static_cast<size_t>(num_kv_heads * chunks * lay.chunk_elems);
+  if (k_packed.size() < packed) {
+    k_packed.resize(packed);
+    v_packed.resize(packed);
+  }
+  if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
+  const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
+  for (int64_t h = 0; h < num_kv_heads; ++h)
+    for (int64_t s = 0; s < num_seqs; ++s)
+      std::memcpy(q_rows.data() + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d,
+                  group * d * 2);
+  const auto* kc = reinterpret_cast<const uint16_t*>(key_cache.data_ptr());
+  const auto* vc = reinterpret_cast<const uint16_t*>(value_cache.data_ptr());
+  at::parallel_for(0, num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h)
+      pack_context(kc, vc, prefix_table.data_ptr<int32_t>(), prefix_len, h, lay,
+                   k_packed.data() + h * chunks * lay.chunk_elems, v_packed.data() + h * chunks * lay.chunk_elems);
+  });
+  // Items: (kv head, 16 rows), all the same length; the counter still evens out
+  // cores that run at different speeds.
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  std::atomic<int64_t> next{0};
+  float* o = out.data_ptr<float>();
+  float* l = lse.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const bool amx = use_amx();
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    auto work = [&](auto amx_tag) {
+      constexpr bool kAmx = decltype(amx_tag)::value;
+      for (int64_t n = next++; n < num_kv_heads * tiles; n = next++) {
+        const int64_t h = n / tiles, first = h * rows + (n % tiles) * kTileRows;
+        const int count = static_cast<int>(std::min<int64_t>(kTileRows, (h + 1) * rows - first));
+        // Every row at position prefix_len - 1: all prefix keys, none of the padding.
+        attend_tile<kAmx, float>(q_rows.data() + first * d, d, count, prefix_len - 1, 0,
+                                 k_packed.data() + h * chunks * lay.chunk_elems,
+                                 v_packed.data() + h * chunks * lay.chunk_elems, lay, fscale, 0, o + first * d, d,
+                                 l + first);
+      }
+    };
+    if (amx)
+      run_items<true>([&] { work(std::true_type{}); });
+    else
+      run_items<false>([&] { work(std::false_type{}); });
+  });
+#else
+  (void)key_cache, (void)value_cache, (void)prefix_table, (void)prefix_len, (void)query_rows, (void)out;
+  (void)lse, (void)scale;
+#endif
+}
