@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -282,10 +283,18 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   const int64_t* row_ptr = query_rows.data_ptr<int64_t>();
   scalar_t* o_ptr = out.data_ptr<scalar_t>();
 
-  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+  // Sequences longest first through an atomic counter: contexts differ by 10x
+  // within a step, and static halves left one core idle (64 sequences of 16-384
+  // tokens sorted by length: 528 us in halves, 369 us shuffled).
+  std::vector<int64_t> order(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len_ptr[a] > len_ptr[b]; });
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(num_seqs, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     std::vector<float> scores;
     std::vector<vec16> work;
-    for (int64_t seq = begin; seq < end; ++seq) {
+    for (int64_t n = next++; n < num_seqs; n = next++) {
+      const int64_t seq = order[n];
       const int64_t len = len_ptr[seq];
       const int64_t window_first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t row_offset = row_ptr[seq] * num_heads * head_dim;
