@@ -1,5 +1,5 @@
-// The shared-prefix half of cascade attention for decode rows (bf16, on CPUs
-// with AMX or AVX512-BF16).
+// The shared-prefix half of cascade attention for decode rows: bf16 on CPUs with
+// AMX or AVX512-BF16 (flash_tile.h), float32 on any x86 build (flash_tile_f32.h).
 //
 // When every decode sequence of a step starts with the same cached blocks (a
 // shared system prompt, a few-shot prefix, n samples of one prompt), per-sequence
@@ -12,8 +12,9 @@
 // log-sum-exp (paged_attention_decode's prefix arguments).
 //
 // Shapes:
-//   query:            [num_tokens, num_heads, head_dim] bf16; decode rows picked by query_rows
-//   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim] bf16
+//   query:            [num_tokens, num_heads, head_dim] bf16 or float32; decode rows
+//                     picked by query_rows
+//   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
 //   prefix_table:     [>= prefix_len / block_size] int32, the blocks every sequence starts with
 //   query_rows:       [num_seqs] int64
 //   out:              [num_kv_heads, num_seqs * group, head_dim] float32: row seq * group + g
@@ -30,15 +31,50 @@
 #include <vector>
 
 #include "flash_tile.h"
+#include "flash_tile_f32.h"
 
-bool prefill_supported(int64_t head_dim);  // paged_attention_prefill.cpp: this build and CPU run the tiles
+bool prefill_supported(int64_t head_dim, bool bf16);  // paged_attention_prefill.cpp: this build and CPU run the tiles
+
+namespace {
+
+void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                const int32_t* table, int64_t prefix_len, const int64_t* qrows, int64_t num_seqs, float* o,
+                float* l, float scale) {
+  const int64_t num_heads = query.size(1), d = query.size(2), num_kv_heads = key_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, rows = num_seqs * group;
+  static std::vector<float> q_rows;  // [kv head][seq * group + g][head_dim]
+  static std::mutex scratch_mutex;
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
+  const float* q = query.data_ptr<float>();
+  for (int64_t h = 0; h < num_kv_heads; ++h)
+    for (int64_t s = 0; s < num_seqs; ++s)
+      std::memcpy(q_rows.data() + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d,
+                  group * d * sizeof(float));
+  const int64_t tiles = (rows + kNativeLanes - 1) / kNativeLanes;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t n = next++; n < num_kv_heads * tiles; n = next++) {
+      const int64_t h = n / tiles, first = h * rows + (n % tiles) * kNativeLanes;
+      const int count = static_cast<int>(std::min<int64_t>(kNativeLanes, (h + 1) * rows - first));
+      const F32Context ctx{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), table, prefix_len, h,
+                           key_cache.size(1), num_kv_heads, d};
+      attend_tile_f32(q_rows.data() + first * d, d, count, prefix_len - 1, 0, ctx, scale, 0, o + first * d, d,
+                      l + first);
+    }
+  });
+}
+
+}  // namespace
 
 void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
                            const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
                            int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
                            torch::Tensor& lse, double scale) {
-  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && key_cache.scalar_type() == torch::kBFloat16,
-              "attention_over_prefix takes bf16");
+  const bool bf16 = query.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
+                  value_cache.scalar_type() == query.scalar_type(),
+              "attention_over_prefix takes bf16 or float32, the same for query and caches");
   TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
               "query and caches must be contiguous");
   TORCH_CHECK(prefix_table.scalar_type() == torch::kInt32 && prefix_table.is_contiguous(),
@@ -55,13 +91,19 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
               "out must be contiguous float32 [num_kv_heads, num_seqs * group, head_dim]");
   TORCH_CHECK(lse.scalar_type() == torch::kFloat && lse.is_contiguous() && lse.numel() == num_kv_heads * rows,
               "lse must be contiguous float32 [num_kv_heads, num_seqs * group]");
-  TORCH_CHECK(prefill_supported(d), "attention_over_prefix: AVX512-BF16 or head_dim ", d, " unsupported");
-#ifdef PAGODA_PREFILL
-  Layout lay{d, num_heads, num_kv_heads, block_size, kChunk * d};
-  const int64_t chunks = (prefix_len + kChunk - 1) / kChunk;
+  TORCH_CHECK(prefill_supported(d, bf16), "attention_over_prefix: ", bf16 ? "AVX512-BF16 or " : "", "head_dim ", d,
+              " unsupported");
   const int64_t* qrows = query_rows.data_ptr<int64_t>();
   for (int64_t s = 0; s < num_seqs; ++s)
     TORCH_CHECK(qrows[s] >= 0 && qrows[s] < query.size(0), "query row ", qrows[s], " out of range");
+  if (!bf16) {
+    prefix_f32(query, key_cache, value_cache, prefix_table.data_ptr<int32_t>(), prefix_len, qrows, num_seqs,
+               out.data_ptr<float>(), lse.data_ptr<float>(), static_cast<float>(scale));
+    return;
+  }
+#ifdef PAGODA_PREFILL
+  Layout lay{d, num_heads, num_kv_heads, block_size, kChunk * d};
+  const int64_t chunks = (prefix_len + kChunk - 1) / kChunk;
   // Kept between calls, as the prefill kernel's: [kv head][chunk] packed K and V,
   // and the queries gathered per KV head, [kv head][seq * group + g][head_dim].
   static std::vector<uint16_t> k_packed, v_packed, q_rows;
@@ -111,8 +153,5 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
     else
       run_items<false>([&] { work(std::false_type{}); });
   });
-#else
-  (void)key_cache, (void)value_cache, (void)prefix_table, (void)prefix_len, (void)query_rows, (void)out;
-  (void)lse, (void)scale;
 #endif
 }

@@ -16,7 +16,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
                            const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
                            int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
                            torch::Tensor& lse, double scale);
-bool prefill_supported(int64_t head_dim);
+bool prefill_supported(int64_t head_dim, bool bf16);
 void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& key_cache,
                              const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                              const torch::Tensor& seq_lens, const torch::Tensor& query_ranges,
@@ -41,8 +41,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Cascade: every decode query against the prefix all its sequences share");
   m.def("supports", &supports, "Whether the decode kernel handles these head shapes");
   m.def("paged_attention_prefill", &paged_attention_prefill,
-        "Paged attention over many new rows per sequence (bf16 tiles)");
-  m.def("prefill_supported", &prefill_supported, "Whether this build and CPU run the prefill kernel");
+        "Paged attention over many new rows per sequence (bf16 or float32 tiles)");
+  m.def("prefill_supported", &prefill_supported,
+        "Whether this build and CPU run the prefill and cascade kernels in bf16 (or float32)",
+        py::arg("head_dim"), py::arg("bf16") = true);
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 or float32 rows");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it");

@@ -1,21 +1,22 @@
-// Paged attention for prefill rows (many new tokens per sequence) on CPUs with
-// native bf16 products (AMX, or AVX512-BF16 without it): flash-style, K/V read
-// from the paged cache (so a cached prefix or earlier chunks cost nothing extra),
-// bf16 products with fp32 accumulation and an online softmax in fp32.
+// Paged attention for prefill rows (many new tokens per sequence) on CPU:
+// flash-style, K/V read from the paged cache (so a cached prefix or earlier
+// chunks cost nothing extra), with an online softmax in fp32. bf16 runs where the
+// CPU has native bf16 products (AMX or AVX512-BF16; flash_tile.h), float32 on
+// any x86 build (flash_tile_f32.h).
 //
-// Two passes on ATen's threads:
+// bf16 in two passes on ATen's threads:
 //   1. pack: each (sequence, kv head)'s context once, zero-padded to 32 keys:
 //      K rows contiguous ([chunk][32 keys][head_dim]) and V transposed
 //      ([chunk][head_dim][32 keys]);
 //   2. attend: (sequence, query head, up to 64 query rows) items, handed out
 //      longest first through an atomic counter, because this machine's cores run
 //      at uneven speeds and static halves leave one waiting.
-// The tile itself (the packed layout, the products, the online softmax) is in
-// flash_tile.h, shared with the cascade's shared-prefix kernel.
+// float32 skips the packing (its tiles read cache rows as they are) and attends
+// the same items.
 //
 // Shapes:
-//   query, out:        [num_tokens, num_heads, head_dim] bf16
-//   key/value_cache:   [num_blocks, block_size, num_kv_heads, head_dim] bf16
+//   query, out:        [num_tokens, num_heads, head_dim] bf16 or float32
+//   key/value_cache:   [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
 //   block_tables:      [num_seqs, max_num_blocks] int32 (prefill sequences only)
 //   seq_lens:          [num_seqs] int32, context length including the new rows
 //   query_ranges:      [num_seqs, 2] int64, each sequence's rows [first, end) in query
@@ -29,25 +30,62 @@
 #include <vector>
 
 #include "flash_tile.h"
+#include "flash_tile_f32.h"
 
 namespace {
 
-constexpr int kItemTiles = 4;  // row tiles per work item
+constexpr int64_t kItemRows = 64;  // query rows per work item
 
-#ifdef PAGODA_PREFILL
 struct Item {
   int64_t seq, head, first_row, rows, cost;
 };
 
-#endif  // PAGODA_PREFILL
+// (sequence, head, up to 64 rows) items, costliest (rows x keys seen) first.
+std::vector<Item> work_items(const int32_t* lens, const int64_t* ranges, int64_t num_seqs, int64_t num_heads) {
+  std::vector<Item> items;
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int64_t r = ranges[2 * s]; r < ranges[2 * s + 1]; r += kItemRows) {
+      const int64_t rows = std::min<int64_t>(kItemRows, ranges[2 * s + 1] - r);
+      const int64_t end_pos = lens[s] - (ranges[2 * s + 1] - r) + rows;  // keys seen by the last row
+      for (int64_t h = 0; h < num_heads; ++h) items.push_back({s, h, r, rows, rows * end_pos});
+    }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return items;
+}
+
+void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                 const torch::Tensor& block_tables, const int32_t* lens, const int64_t* ranges, int64_t num_seqs,
+                 torch::Tensor& out, float scale, int64_t window) {
+  const int64_t num_heads = query.size(1), d = query.size(2), num_kv_heads = key_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, row_stride = num_heads * d;
+  const std::vector<Item> items = work_items(lens, ranges, num_seqs, num_heads);
+  std::atomic<int64_t> next{0};
+  const float* q = query.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t n = next++; n < static_cast<int64_t>(items.size()); n = next++) {
+      const Item& it = items[n];
+      const F32Context ctx{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
+                           block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1), lens[it.seq],
+                           it.head / group, key_cache.size(1), num_kv_heads, d};
+      const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
+      for (int64_t t = 0; t < it.rows; t += kNativeLanes) {
+        const int64_t row = it.first_row + t;
+        attend_tile_f32(q + row * row_stride + it.head * d, row_stride,
+                        static_cast<int>(std::min<int64_t>(kNativeLanes, it.rows - t)), first_pos + t, 1, ctx,
+                        scale, window, o + row * row_stride + it.head * d, row_stride);
+      }
+    }
+  });
+}
 
 }  // namespace
 
-bool prefill_supported(int64_t head_dim) {
+bool prefill_supported(int64_t head_dim, bool bf16) {
+  if (!bf16) return head_dim % 8 == 0 && head_dim <= kF32MaxDim;
 #ifdef PAGODA_PREFILL
   return head_dim % 64 == 0 && head_dim <= 256;
 #else
-  (void)head_dim;
   return false;
 #endif
 }
@@ -56,8 +94,10 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
                              const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                              const torch::Tensor& seq_lens, const torch::Tensor& query_ranges,
                              torch::Tensor& out, double scale, int64_t sliding_window) {
-  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && key_cache.scalar_type() == torch::kBFloat16,
-              "paged_attention_prefill takes bf16");
+  const bool bf16 = query.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
+                  value_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
+              "paged_attention_prefill takes bf16 or float32, the same for query, caches and out");
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous(), "query and out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
@@ -66,23 +106,29 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   TORCH_CHECK(query_ranges.scalar_type() == torch::kInt64 && query_ranges.is_contiguous() &&
                   query_ranges.dim() == 2 && query_ranges.size(1) == 2 && query_ranges.size(0) == seq_lens.size(0),
               "query_ranges must be contiguous int64 [num_seqs, 2]");
-  TORCH_CHECK(prefill_supported(query.size(2)), "paged_attention_prefill: AVX512-BF16 or head_dim ",
-              query.size(2), " unsupported");
-#ifdef PAGODA_PREFILL
-  Layout lay{query.size(2), query.size(1), key_cache.size(2), key_cache.size(1), 0};
-  TORCH_CHECK(lay.num_heads % lay.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
-  lay.chunk_elems = kChunk * lay.head_dim;
-  const int64_t num_seqs = seq_lens.size(0), group = lay.num_heads / lay.num_kv_heads;
+  TORCH_CHECK(prefill_supported(query.size(2), bf16), "paged_attention_prefill: ", bf16 ? "AVX512-BF16 or " : "",
+              "head_dim ", query.size(2), " unsupported");
+  TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
+  const int64_t num_seqs = seq_lens.size(0);
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* ranges = query_ranges.data_ptr<int64_t>();
-  std::vector<int64_t> chunk_base(num_seqs + 1, 0);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t num_new = ranges[2 * s + 1] - ranges[2 * s];
     TORCH_CHECK(num_new >= 1 && num_new <= lens[s], "sequence ", s, " has ", num_new, " new rows of ", lens[s]);
     TORCH_CHECK(ranges[2 * s] >= 0 && ranges[2 * s + 1] <= query.size(0), "sequence ", s, "'s rows are out of range");
-    TORCH_CHECK((lens[s] + lay.block_size - 1) / lay.block_size <= block_tables.size(1), "block table too short");
-    chunk_base[s + 1] = chunk_base[s] + (lens[s] + kChunk - 1) / kChunk;
+    TORCH_CHECK((lens[s] + key_cache.size(1) - 1) / key_cache.size(1) <= block_tables.size(1),
+                "block table too short");
   }
+  if (!bf16) {
+    prefill_f32(query, key_cache, value_cache, block_tables, lens, ranges, num_seqs, out, static_cast<float>(scale),
+                sliding_window);
+    return;
+  }
+#ifdef PAGODA_PREFILL
+  Layout lay{query.size(2), query.size(1), key_cache.size(2), key_cache.size(1), kChunk * query.size(2)};
+  const int64_t group = lay.num_heads / lay.num_kv_heads;
+  std::vector<int64_t> chunk_base(num_seqs + 1, 0);
+  for (int64_t s = 0; s < num_seqs; ++s) chunk_base[s + 1] = chunk_base[s] + (lens[s] + kChunk - 1) / kChunk;
   // [kv head][chunk] of packed words: K then V.
   const int64_t chunks = chunk_base[num_seqs];
   // Kept between calls (one per layer per step): a fresh multi-MB buffer each
@@ -107,14 +153,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
     }
   });
 
-  std::vector<Item> items;
-  for (int64_t s = 0; s < num_seqs; ++s)
-    for (int64_t r = ranges[2 * s]; r < ranges[2 * s + 1]; r += kItemTiles * kTileRows) {
-      const int64_t rows = std::min<int64_t>(kItemTiles * kTileRows, ranges[2 * s + 1] - r);
-      const int64_t end_pos = lens[s] - (ranges[2 * s + 1] - r) + rows;  // keys seen by the last row
-      for (int64_t h = 0; h < lay.num_heads; ++h) items.push_back({s, h, r, rows, rows * end_pos});
-    }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  const std::vector<Item> items = work_items(lens, ranges, num_seqs, lay.num_heads);
   std::atomic<int64_t> next{0};
   const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());

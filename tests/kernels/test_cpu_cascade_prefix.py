@@ -10,13 +10,23 @@ from kernels.cpu import load_cpu_kernels
 from kernels.paged_attention_reference import paged_attention_reference
 
 kernels = load_cpu_kernels()
-pytestmark = pytest.mark.skipif(
-    kernels is None or not kernels.prefill_supported(64),
-    reason="cascade attention needs the C++ build on a CPU with AMX or AVX512-BF16",
-)
+pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels did not build here")
+DTYPES = [
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            kernels is None or not kernels.prefill_supported(64),
+            reason="the bf16 tiles need a CPU with AMX or AVX512-BF16",
+        ),
+    ),
+    torch.float32,
+]
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-5}
 
 
-def _shared_batch(prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, seed=0):
+def _shared_batch(
+    prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0
+):
     """Decode sequences whose block tables start with the same `prefix_blocks` blocks,
     then blocks of their own holding `own_lens` tokens each (the last one new); their
     query rows are spread out, with other rows between them, as in a mixed step."""
@@ -24,8 +34,8 @@ def _shared_batch(prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, bl
     own_blocks = [-(-n // block_size) for n in own_lens]
     num_blocks = prefix_blocks + sum(own_blocks) + 2
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    value_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
     perm = torch.randperm(num_blocks, generator=gen).tolist()
     prefix = [perm.pop() for _ in range(prefix_blocks)]
     width = prefix_blocks + max(own_blocks)
@@ -35,9 +45,7 @@ def _shared_batch(prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, bl
         block_tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
     seq_lens = [prefix_blocks * block_size + n for n in own_lens]
     query_rows = torch.arange(len(own_lens), dtype=torch.int64) * 2 + 1
-    query = torch.randn(2 * len(own_lens) + 1, num_heads, head_dim, generator=gen).to(
-        torch.bfloat16
-    )
+    query = torch.randn(2 * len(own_lens) + 1, num_heads, head_dim, generator=gen).to(dtype)
     return query, key_cache, value_cache, block_tables, seq_lens, query_rows
 
 
@@ -69,12 +77,14 @@ def _cascade(query, key_cache, value_cache, block_tables, seq_lens, query_rows, 
         (4, [3, 60, 17], 4, 4, 128, 16, 50),
     ],
 )
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_cascade_matches_reference(
-    prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, prefix_len
+    prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, prefix_len, dtype
 ):
     query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
-        prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size
+        prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, dtype
     )
+    tol = TOLERANCE[dtype]
     scale = head_dim**-0.5
     out, _, _ = _cascade(
         query, key_cache, value_cache, block_tables, seq_lens, query_rows, prefix_len, scale
@@ -83,7 +93,7 @@ def test_cascade_matches_reference(
         query[query_rows].float(), key_cache.float(), value_cache.float(), block_tables,
         list(range(len(seq_lens) + 1)), seq_lens, scale,
     )  # fmt: skip
-    torch.testing.assert_close(out[query_rows].float(), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out[query_rows].float(), expected, atol=tol, rtol=tol)
     untouched = torch.ones(query.shape[0], dtype=torch.bool)
     untouched[query_rows] = False
     assert out[untouched].abs().sum() == 0
@@ -93,15 +103,17 @@ def test_cascade_matches_reference(
         query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
         query_rows, plain, scale, 0,
     )  # fmt: skip
-    torch.testing.assert_close(out.float(), plain.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), plain.float(), atol=tol, rtol=tol)
 
 
-def test_prefix_half_is_attention_over_the_prefix_alone():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefix_half_is_attention_over_the_prefix_alone(dtype):
     """Row s * group + g of kv head h is query head h * group + g of sequence s,
     normalised over the prefix, with the log-sum-exp of its scaled scores."""
     query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
-        3, [5, 9], 6, 2, 64, 16
+        3, [5, 9], 6, 2, 64, 16, dtype
     )
+    tol = TOLERANCE[dtype]
     scale, prefix_len = 0.125, 40
     _, prefix_out, prefix_lse = _cascade(
         query, key_cache, value_cache, block_tables, seq_lens, query_rows, prefix_len, scale
@@ -113,14 +125,14 @@ def test_prefix_half_is_attention_over_the_prefix_alone():
             h, g = divmod(head, 3)
             scores = keys[:, h] @ query[row, head].float() * scale  # [prefix_len]
             expected = torch.softmax(scores, 0) @ values[:, h]
-            torch.testing.assert_close(prefix_out[h, s * 3 + g], expected, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(prefix_out[h, s * 3 + g], expected, atol=tol, rtol=tol)
             lse = torch.logsumexp(scores, 0)
-            torch.testing.assert_close(prefix_lse[h, s * 3 + g], lse, atol=1e-2, rtol=1e-3)
+            torch.testing.assert_close(prefix_lse[h, s * 3 + g], lse, atol=tol, rtol=tol)
 
 
 def test_decode_rejects_a_prefix_covering_a_whole_sequence():
     query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
-        2, [1, 4], 2, 1, 64, 16
+        2, [1, 4], 2, 1, 64, 16, torch.float32
     )
     rows = 2 * 2  # sequences x group
     with pytest.raises(RuntimeError, match="has no token past the prefix"):

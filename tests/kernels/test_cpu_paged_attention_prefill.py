@@ -1,5 +1,5 @@
-"""The bf16 prefill kernel against its plain-PyTorch twin (on CPUs with AMX or
-AVX512-BF16)."""
+"""The prefill kernel against its plain-PyTorch twin: bf16 (on CPUs with AMX or
+AVX512-BF16) and float32 (on every build)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,25 @@ from kernels.cpu import load_cpu_kernels
 from kernels.paged_attention_reference import paged_attention_reference
 
 kernels = load_cpu_kernels()
-pytestmark = pytest.mark.skipif(
-    kernels is None or not kernels.prefill_supported(64),
-    reason="the prefill kernel needs the C++ build on a CPU with AMX or AVX512-BF16",
-)
+pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels did not build here")
+DTYPES = [
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            kernels is None or not kernels.prefill_supported(64),
+            reason="the bf16 tiles need a CPU with AMX or AVX512-BF16",
+        ),
+    ),
+    torch.float32,
+]
+# bf16 rounds probabilities before P @ V; float32 differs from the twin only in
+# summation order and exp's polynomial.
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-5}
 
 
-def _paged_batch(seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, seed=0):
+def _paged_batch(
+    seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, seed=0, dtype=torch.bfloat16
+):
     """Random caches with each sequence's blocks scattered, queries for its last rows.
 
     Each sequence's rows are followed by one row of another (decode) sequence,
@@ -25,8 +37,8 @@ def _paged_batch(seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_siz
     max_blocks = max(-(-n // block_size) for n in seq_lens)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    value_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
     perm = torch.randperm(num_blocks, generator=gen).tolist()
     block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
     for i, n in enumerate(seq_lens):
@@ -36,7 +48,7 @@ def _paged_batch(seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_siz
     for n in num_new:
         ranges.append((row, row + n))
         row += n + 1
-    query = torch.randn(row, num_heads, head_dim, generator=gen).to(torch.bfloat16)
+    query = torch.randn(row, num_heads, head_dim, generator=gen).to(dtype)
     return query, key_cache, value_cache, block_tables, ranges
 
 
@@ -52,11 +64,12 @@ def _paged_batch(seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_siz
         ([200, 90], [120, 90], 8, 2, 64, 16, 37),
     ],
 )
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_matches_reference(
-    seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, window
+    seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, window, dtype
 ):
     query, key_cache, value_cache, block_tables, ranges = _paged_batch(
-        seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size
+        seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, dtype=dtype
     )
     out = torch.zeros_like(query)
     scale = head_dim**-0.5
@@ -86,14 +99,17 @@ def test_prefill_matches_reference(
         scale,
         window,
     )
-    torch.testing.assert_close(out[rows].float(), expected, atol=2e-2, rtol=2e-2)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out[rows].float(), expected, atol=tol, rtol=tol)
     untouched = torch.ones(query.shape[0], dtype=torch.bool)
     untouched[rows] = False
     assert out[untouched].abs().sum() == 0
 
 
 def test_prefill_rejects_a_short_block_table():
-    query, key_cache, value_cache, block_tables, ranges = _paged_batch([40], [40], 2, 1, 64, 16)
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch(
+        [40], [40], 2, 1, 64, 16, dtype=torch.float32
+    )
     with pytest.raises(RuntimeError, match="block table too short"):
         kernels.paged_attention_prefill(
             query,
@@ -101,6 +117,24 @@ def test_prefill_rejects_a_short_block_table():
             value_cache,
             block_tables[:, :2],
             torch.tensor([40], dtype=torch.int32),
+            torch.tensor(ranges, dtype=torch.int64),
+            torch.zeros_like(query),
+            0.125,
+            0,
+        )
+
+
+def test_prefill_rejects_mixed_dtypes():
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch(
+        [20], [20], 2, 1, 64, 16, dtype=torch.float32
+    )
+    with pytest.raises(RuntimeError, match="the same for query, caches and out"):
+        kernels.paged_attention_prefill(
+            query.to(torch.bfloat16),
+            key_cache,
+            value_cache,
+            block_tables,
+            torch.tensor([20], dtype=torch.int32),
             torch.tensor(ranges, dtype=torch.int64),
             torch.zeros_like(query),
             0.125,

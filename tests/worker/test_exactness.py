@@ -69,6 +69,32 @@ def test_prefix_caching(arch_path, hf_greedy):
     assert all(o.num_cached_tokens == 36 for o in rest)
 
 
+def test_decode_cascade_over_a_shared_prefix(arch_path, hf_greedy, monkeypatch):
+    """Ten requests decode together over one cached 134-token prefix: the CPU
+    backend attends it once for all of them (a cascade) and merges it per row."""
+    from kernels.cpu import load_cpu_kernels
+    from worker.attention.backends.cpu import CPUAttentionBackend
+
+    cascades = []
+    plain = CPUAttentionBackend._cascade_prefix_len
+
+    def spy(self, *args):
+        cascades.append(plain(self, *args))
+        return cascades[-1]
+
+    monkeypatch.setattr(CPUAttentionBackend, "_cascade_prefix_len", spy)
+    prefix = random_prompts([134], seed=7)[0]
+    prompts = [prefix + s for s in random_prompts([2, 5, 1, 9, 3, 12, 4, 7, 6, 10, 8], seed=8)]
+    llm = LLM(str(arch_path), **{**ENGINE, "max_model_len": 256})
+    first = llm.generate(prompts[:1], GREEDY, detokenize=False)
+    rest = llm.generate(prompts[1:], GREEDY, detokenize=False)
+    got = [o.outputs[0].token_ids for o in first + rest]
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+    assert all(o.num_cached_tokens == 132 for o in rest)  # 33 full blocks of 4
+    if load_cpu_kernels() is not None:  # without a compiler the reference backend runs
+        assert max(cascades) == 132
+
+
 def test_chunked_prefill(arch_path, hf_greedy):
     prompts = random_prompts(LENGTHS, seed=4)
     got, _, _ = run_llm(arch_path, prompts, max_num_batched_tokens=16)

@@ -89,15 +89,17 @@ def test_shared_leading_blocks_counts_equal_columns_from_the_left():
     assert shared_leading_blocks(torch.tensor([[1, 2], [3, 2]], dtype=torch.int32)) == 0
 
 
-def test_decode_rows_sharing_a_prefix_run_as_a_cascade():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_rows_sharing_a_prefix_run_as_a_cascade(dtype):
     """10 decode sequences over one cached 160-token prefix, and a prefill in the
-    same step: the cascade (where the CPU runs the bf16 tiles) equals the reference."""
+    same step: the cascade (float32 on every build, bf16 where the CPU runs the
+    bf16 tiles) equals the reference."""
     torch.manual_seed(2)
     num_heads, num_kv_heads, head_dim, block_size = 6, 2, 64, 16
     own = [1, 5, 16, 17, 3, 30, 9, 2, 11, 20]  # tokens past the prefix, the last one new
     num_blocks = 10 + sum(-(-n // block_size) for n in own) + 4
-    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(torch.bfloat16)
-    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(torch.bfloat16)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     perm = torch.randperm(num_blocks).tolist()
     prefix = [perm.pop() for _ in range(10)]
     block_tables = torch.zeros(len(own) + 1, 13, dtype=torch.int32)
@@ -114,9 +116,9 @@ def test_decode_rows_sharing_a_prefix_run_as_a_cascade():
     seq_lens.append(20)
     query_start_loc = list(range(len(own) + 1)) + [len(own) + 20]
     num_tokens = query_start_loc[-1]
-    query = torch.randn(num_tokens, num_heads, head_dim).to(torch.bfloat16)
-    key = torch.randn(num_tokens, num_kv_heads, head_dim).to(torch.bfloat16)
-    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(torch.bfloat16)
+    query = torch.randn(num_tokens, num_heads, head_dim).to(dtype)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
     outputs = {}
     for name in ("cpu", "torch"):
         backend = get_attention_backend(name, "cpu")
@@ -138,4 +140,7 @@ def test_decode_rows_sharing_a_prefix_run_as_a_cascade():
             assert prefix_len == (160 if backend._kernel_prefill(q, caches[0]) else 0)
             assert backend._cascade_prefix_len(q, caches[0], meta.backend_plan, 64) == 0
         outputs[name] = backend.forward(q, k, v, *caches, meta, 0.125, None)
-    torch.testing.assert_close(outputs["cpu"].float(), outputs["torch"], atol=2e-2, rtol=2e-2)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(
+        outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance
+    )

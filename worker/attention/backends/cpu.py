@@ -2,10 +2,12 @@
 
 Decode (one new token per sequence) dominates steps and is memory-bound: the
 kernel reads K/V blocks in place instead of gathering them. Prefill rows are
-compute-bound: in bf16 on CPUs with AMX or AVX512-BF16 one kernel call attends
-all of a step's prefill sequences from the paged cache, cached prefix included.
-Elsewhere, or in fp32, torch's fused SDPA does them per sequence (the prefill's
-plain twin), straight from the new K/V when the sequence has no cached context.
+compute-bound: one flash-style kernel call attends all of a step's prefill
+sequences from the paged cache, cached prefix included (bf16 on CPUs with AMX or
+AVX512-BF16, float32 everywhere). Otherwise (bf16 elsewhere, or
+PAGODA_CPU_PREFILL_KERNEL=0) torch's fused SDPA does them per sequence (the
+prefill's plain twin), straight from the new K/V when the sequence has no cached
+context.
 Without a compiler, or for head shapes the kernels do not cover, the reference
 backend runs instead.
 """
@@ -175,11 +177,13 @@ class CPUAttentionBackend(AttentionBackend):
         return prefix_len if prefix_len >= CASCADE_MIN_TOKENS else 0
 
     def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+        """Whether prefill rows (and a cascade's prefix) go through the C++ tiles:
+        bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
         return (
-            query.dtype == torch.bfloat16
-            and key_cache.dtype == torch.bfloat16
+            query.dtype in (torch.bfloat16, torch.float32)
+            and key_cache.dtype == query.dtype
             and self.prefill_kernel
-            and self.kernels.prefill_supported(query.shape[2])
+            and self.kernels.prefill_supported(query.shape[2], query.dtype == torch.bfloat16)
         )
 
     @staticmethod
