@@ -43,6 +43,12 @@ def cpu_prefill_kernel() -> bool:
     return os.environ.get("PAGODA_CPU_PREFILL_KERNEL", "1") not in ("0", "false", "False")
 
 
+def cpu_bf16_gemm() -> bool:
+    """Whether packed bf16 linears use Pagoda's AVX512-BF16 panel kernel where the
+    CPU has it (on unless set to 0: oneDNN's prepacked linear, for comparing)."""
+    return os.environ.get("PAGODA_CPU_BF16_GEMM", "1") not in ("0", "false", "False")
+
+
 def cpu_malloc_tuning() -> bool:
     """Whether the worker sets glibc malloc to keep freed buffers mapped (on unless
     set to 0; worker/runner/cpu_allocator.py)."""

@@ -29,6 +29,7 @@ _SOURCES = [
         "elementwise.cpp",
         "elementwise_f32.cpp",
         "cache_write.cpp",
+        "gemm_bf16.cpp",
     )
 ]
 _HEADERS = [

@@ -1,4 +1,5 @@
-"""bf16 and float32 linear weights prepacked for oneDNN on CPU, against F.linear."""
+"""bf16 and float32 linear weights prepacked on CPU (Pagoda's bf16 panels, or
+oneDNN's layout), against F.linear."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import load_cpu_kernels
 from worker.layers.embedding import ParallelLMHead
 from worker.layers.linear import ReplicatedLinear
 from worker.layers.quantization import cpu_packed
@@ -17,6 +19,19 @@ needs_packing = pytest.mark.skipif(
     not cpu_packed.can_pack(torch.zeros(2, 2, dtype=torch.bfloat16)),
     reason="no oneDNN bf16 linear packing here (torch without oneDNN, or a CPU without AVX-512/AVX-NE-CONVERT)",
 )
+_kernels = load_cpu_kernels()
+# The bf16 packers: the panel kernel where the build has AVX512-BF16, and oneDNN.
+PACKERS = [
+    pytest.param(
+        "panels",
+        marks=pytest.mark.skipif(
+            _kernels is None or not _kernels.bf16_gemm_supported(),
+            reason="the bf16 panel kernel needs AVX512-BF16",
+        ),
+    ),
+    "onednn",
+]
+PACKED_SHAPE = {"panels": (5, 48, 64), "onednn": (160, 96)}
 
 
 def bf16_layer(bias: bool) -> ReplicatedLinear:
@@ -29,19 +44,21 @@ def bf16_layer(bias: bool) -> ReplicatedLinear:
 
 
 @needs_packing
+@pytest.mark.parametrize("packer", PACKERS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_packed_linear_matches_f_linear(bias, rows):
+def test_packed_linear_matches_f_linear(bias, rows, packer, monkeypatch):
+    monkeypatch.setenv("PAGODA_CPU_BF16_GEMM", "1" if packer == "panels" else "0")
     layer = bf16_layer(bias)
     x = torch.randn(rows, 96).to(torch.bfloat16)
     expected = F.linear(x.float(), layer.weight.float(), None if not bias else layer.bias.float())
     layer.process_weights_after_loading()
-    assert layer.weight_is_packed and layer.weight.shape == (160, 96)
+    assert layer.weight_is_packed and layer.weight.shape == PACKED_SHAPE[packer]
     out = layer(x)
     assert out.shape == (rows, 160) and out.dtype == torch.bfloat16
     # Only bf16 rounding differs from the fp32 product: half an ulp, or a whole one
     # where oneDNN rounds the product before adding the bias (its AMX kernels do,
-    # and so does F.linear on bf16 there).
+    # and so does F.linear on bf16 there; the panel kernel adds it in fp32).
     ulp = expected.abs().clamp_min(1e-3) * (2**-7 if bias else 2**-8)
     assert bool(((out.float() - expected).abs() <= ulp).all())
 
@@ -92,14 +109,15 @@ def test_packing_off_by_environment(monkeypatch):
 
 
 @needs_packing
-def test_tied_lm_head_packs_a_copy_and_keeps_the_embedding():
+@pytest.mark.parametrize("vocab", [300, 320])  # oneDNN's layout, then panels where they apply
+def test_tied_lm_head_packs_a_copy_and_keeps_the_embedding(vocab):
     torch.manual_seed(0)
-    head = ParallelLMHead(300, 32, params_dtype=torch.bfloat16)
-    head.weight.data = torch.randn(300, 32).to(torch.bfloat16)
+    head = ParallelLMHead(vocab, 32, params_dtype=torch.bfloat16)
+    head.weight.data = torch.randn(vocab, 32).to(torch.bfloat16)
     hidden = torch.randn(5, 32).to(torch.bfloat16)
     expected = F.linear(hidden.float(), head.weight.float())
     head.process_weights_after_loading()
     assert head.packed_weight is not None and head.weight.layout == torch.strided
     logits = head.compute_logits(hidden)
-    assert logits.shape == (5, 300)
+    assert logits.shape == (5, vocab)
     assert bool(((logits.float() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all())

@@ -1,4 +1,7 @@
-"""Dense bf16 and float32 weights on CPU, reordered once into oneDNN's blocked layout.
+"""Dense bf16 and float32 weights on CPU, reordered once at load for the CPU's
+fastest linear: Pagoda's AVX512-BF16 panel kernel for bf16 where the CPU has it
+(kernels/cpu/gemm_bf16.cpp: 10-17% faster than oneDNN at 32-64 rows, level from
+512 up), oneDNN's blocked layout otherwise.
 
 `F.linear` on a plain [out, in] bf16 weight lets oneDNN reorder the weight
 for its micro-kernel on every call; at decode batch sizes that reorder costs
@@ -18,6 +21,7 @@ import functools
 
 import torch
 
+from kernels.cpu import load_cpu_kernels
 from shared import env
 
 # oneDNN picks the blocked layout for this many rows; the packed weight still
@@ -54,11 +58,30 @@ def _cpu_can_pack_bf16() -> bool:
     return True
 
 
+def _panel_kernels(weight: torch.Tensor):
+    """The C++ kernels when `weight` fits the bf16 panel kernel here, else None."""
+    if weight.dtype != torch.bfloat16 or not env.cpu_bf16_gemm():
+        return None
+    if weight.shape[0] % 32 or weight.shape[1] % 2:
+        return None
+    kernels = load_cpu_kernels()
+    return kernels if kernels is not None and kernels.bf16_gemm_supported() else None
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] strided -> [out, in] in oneDNN's opaque layout (same bytes count)."""
+    """[out, in] strided -> the panel kernel's [out / 32, in / 2, 64] where it
+    applies, else [out, in] in oneDNN's opaque layout (same bytes count either way)."""
+    kernels = _panel_kernels(weight)
+    if kernels is not None:
+        return kernels.pack_bf16_panels(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS_HINT)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [..., in] -> [..., out], as F.linear(x, weight, bias)."""
+    """x: [..., in] -> [..., out], as F.linear(x, weight, bias). A 3-D `packed`
+    is the panel layout (pack() made it so), a 2-D one oneDNN's."""
+    if packed.dim() == 3:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # [tokens, in]
+        out = load_cpu_kernels().bf16_panel_linear(rows, packed, bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

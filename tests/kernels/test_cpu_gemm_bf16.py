@@ -1,0 +1,48 @@
+"""The AVX512-BF16 panel linear: its weight layout, and its products against a
+float64 product of the same bf16 values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import load_cpu_kernels
+
+kernels = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(
+    kernels is None or not kernels.bf16_gemm_supported(),
+    reason="the bf16 panel kernel needs the C++ build on a CPU with AVX512-BF16",
+)
+
+
+def test_panels_hold_column_pairs():
+    weight = torch.arange(64 * 6, dtype=torch.float32).view(64, 6).to(torch.bfloat16)
+    packed = kernels.pack_bf16_panels(weight)
+    assert packed.shape == (2, 3, 64)
+    # panel p, k pair kp: (W[32 p + c, 2 kp], W[32 p + c, 2 kp + 1]) for c = 0..31
+    assert packed[1, 2, :4].tolist() == [weight[32, 4], weight[32, 5], weight[33, 4], weight[33, 5]]
+    assert torch.equal(packed[0, 0, 0::2], weight[:32, 0])
+    assert torch.equal(packed[1, 1, 1::2], weight[32:, 3])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 12, 13, 31, 64, 150])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_a_float64_product(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 576, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 576, generator=gen).to(torch.bfloat16)
+    b = torch.randn(96, generator=gen).to(torch.bfloat16) if bias else None
+    out = kernels.bf16_panel_linear(x, kernels.pack_bf16_panels(weight), b)
+    expected = x.double() @ weight.double().T + (b.double() if bias else 0)
+    assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
+    # fp32 accumulation of 576 products, then one bf16 rounding (half an ulp).
+    bound = expected.abs() * 2**-8 + 576 * 2**-24 * 8
+    assert bool(((out.double() - expected).abs() <= bound).all())
+
+
+def test_shapes_it_cannot_take_are_refused():
+    with pytest.raises(RuntimeError, match="N % 32 == 0"):
+        kernels.pack_bf16_panels(torch.zeros(48, 8, dtype=torch.bfloat16))
+    packed = kernels.pack_bf16_panels(torch.zeros(32, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="x has 6 columns, the weight 8"):
+        kernels.bf16_panel_linear(torch.zeros(2, 6, dtype=torch.bfloat16), packed)
