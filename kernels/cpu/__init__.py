@@ -30,6 +30,7 @@ _SOURCES = [
         "elementwise_f32.cpp",
         "cache_write.cpp",
         "gemm_bf16.cpp",
+        "row_argmax.cpp",
     )
 ]
 _HEADERS = [

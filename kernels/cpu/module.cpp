@@ -16,6 +16,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
                            const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
                            int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
                            torch::Tensor& lse, double scale);
+torch::Tensor row_argmax(const torch::Tensor& x);
 bool bf16_gemm_supported();
 torch::Tensor pack_bf16_panels(const torch::Tensor& weight);
 torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
@@ -53,6 +54,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16_panels", &pack_bf16_panels, "[N, K] bf16 weight -> [N / 32, K / 2, 64] panels");
   m.def("bf16_panel_linear", &bf16_panel_linear, "x [M, K] @ packed^T (+ bias) -> [M, N] bf16",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("row_argmax", &row_argmax, "Index of each float32 row's first maximum (NaN: the first NaN)");
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 or float32 rows");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it");
