@@ -18,6 +18,7 @@ bf16 kernels for).
 from __future__ import annotations
 
 import functools
+import mmap
 
 import torch
 
@@ -68,12 +69,46 @@ def _panel_kernels(weight: torch.Tensor):
     return kernels if kernels is not None and kernels.bf16_gemm_supported() else None
 
 
+class _HugePageArena:
+    """Panels side by side in memory advised for 2 MiB pages. A decode step
+    streams every layer's weights, tens of thousands of 4 KiB pages for even a
+    small model, and the TLB misses showed: 30 layers of SmolLM2 panels at 32
+    rows took 12.0 ms in 4 KiB pages, 11.1 ms in huge pages. Pages fault in as
+    panels are copied in, so untouched tail space costs nothing."""
+
+    _CHUNK = 64 * 2**20
+    _ALIGN = 64
+
+    def __init__(self) -> None:
+        self.region: mmap.mmap | None = None
+        self.used = 0
+
+    def place(self, packed: torch.Tensor) -> torch.Tensor:
+        """A copy of `packed` in the arena (the same tensor where mmap cannot)."""
+        if not hasattr(mmap, "MADV_HUGEPAGE"):
+            return packed
+        num_bytes = packed.numel() * packed.element_size()
+        if self.region is None or self.used + num_bytes > len(self.region):
+            size = max(self._CHUNK, -(-num_bytes // (2 * 2**20)) * 2 * 2**20)
+            self.region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.region.madvise(mmap.MADV_HUGEPAGE)
+            self.used = 0
+        # The view keeps its region alive through the buffer protocol.
+        raw = torch.frombuffer(self.region, dtype=torch.uint8, count=num_bytes, offset=self.used)
+        self.used += -(-num_bytes // self._ALIGN) * self._ALIGN
+        return raw.view(packed.dtype).view(packed.shape).copy_(packed)
+
+
+_arena = _HugePageArena()
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] strided -> the panel kernel's [out / 32, in / 2, 64] where it
-    applies, else [out, in] in oneDNN's opaque layout (same bytes count either way)."""
+    applies (placed in huge pages), else [out, in] in oneDNN's opaque layout
+    (same bytes count either way)."""
     kernels = _panel_kernels(weight)
     if kernels is not None:
-        return kernels.pack_bf16_panels(weight)
+        return _arena.place(kernels.pack_bf16_panels(weight))
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS_HINT)
 
 
