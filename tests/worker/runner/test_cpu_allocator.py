@@ -38,10 +38,13 @@ def _probe(**env: str) -> dict:
 def test_buffers_are_reused_without_page_faults():
     tuned = _probe()
     assert tuned["applied"] is True
-    # 60 buffers of 12-25 MB; each one faulted in anew would be 3,000-6,000 faults.
-    # (Untuned glibc sometimes gets this right too, through its sliding mmap
-    # threshold, and sometimes not: 0 to 9,000 here, so only the tuned run is asserted.)
-    assert tuned["faults"] < 200, tuned
+    # 60 buffers of 12-25 MB; each one faulted in anew would be 3,000-6,000 faults,
+    # all of them 180,000 or more. (Untuned glibc sometimes gets this right too,
+    # through its sliding mmap threshold, and sometimes not: 0 to 9,000 here, so
+    # only the tuned run is asserted.) Right after heavy runs the host sometimes
+    # takes one 12 MB buffer's pages back once (3,072 faults in 1 of 4 probes on a
+    # Zen 5, 0 in 28 later): one such refault is allowed, a second is not.
+    assert tuned["faults"] < 4000, tuned
 
 
 def test_tuning_can_be_turned_off():
