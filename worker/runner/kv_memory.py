@@ -1,9 +1,8 @@
 """Allocation of the KV pools, backed by huge pages on CPU, resident from start-up.
 
 The decode kernel jumps between scattered blocks; with 4 KiB pages every jump
-is a TLB miss and a prefetcher restart. An anonymous mapping advised with
-MADV_HUGEPAGE gets 2 MiB pages wherever transparent huge pages are allowed
-(the common `madvise` setting).
+is a TLB miss and a prefetcher restart, so the pools live in huge pages
+(worker/huge_pages.py).
 
 The pages are faulted in here, not on first use: the block pool hands blocks
 out in LRU order, so a lazily mapped pool keeps touching new pages for as long
@@ -19,7 +18,8 @@ import mmap
 
 import torch
 
-_HUGE_PAGE = 2 * 2**20
+from worker.huge_pages import HUGE_PAGE, huge_page_mapping
+
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
@@ -30,11 +30,9 @@ def allocate_kv_pool(
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     num_bytes = torch.Size(shape).numel() * _element_size(dtype)
-    if num_bytes < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    region = huge_page_mapping(num_bytes) if num_bytes >= HUGE_PAGE else None
+    if region is None:
         return torch.zeros(shape, dtype=dtype)
-    size = -(-num_bytes // _HUGE_PAGE) * _HUGE_PAGE
-    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
     # The tensor keeps `region` alive through the buffer protocol.
     pool = torch.frombuffer(region, dtype=dtype, count=num_bytes // _element_size(dtype))
     try:

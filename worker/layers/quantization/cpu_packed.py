@@ -24,6 +24,7 @@ import torch
 
 from kernels.cpu import load_cpu_kernels
 from shared import env
+from worker.huge_pages import huge_page_mapping
 
 # oneDNN picks the blocked layout for this many rows; the packed weight still
 # takes any number of rows (and gives the same results).
@@ -70,11 +71,10 @@ def _panel_kernels(weight: torch.Tensor):
 
 
 class _HugePageArena:
-    """Panels side by side in memory advised for 2 MiB pages. A decode step
-    streams every layer's weights, tens of thousands of 4 KiB pages for even a
-    small model, and the TLB misses showed: 30 layers of SmolLM2 panels at 32
-    rows took 12.0 ms in 4 KiB pages, 11.1 ms in huge pages. Pages fault in as
-    panels are copied in, so untouched tail space costs nothing."""
+    """Panels side by side in huge pages (worker/huge_pages.py). A decode step
+    streams every layer's weights: 30 layers of SmolLM2 panels at 32 rows took
+    12.0 ms in 4 KiB pages, 11.1 ms in huge pages. Pages fault in as panels are
+    copied in, so untouched tail space costs nothing."""
 
     _CHUNK = 64 * 2**20
     _ALIGN = 64
@@ -84,15 +84,14 @@ class _HugePageArena:
         self.used = 0
 
     def place(self, packed: torch.Tensor) -> torch.Tensor:
-        """A copy of `packed` in the arena (the same tensor where mmap cannot)."""
-        if not hasattr(mmap, "MADV_HUGEPAGE"):
-            return packed
+        """A copy of `packed` in the arena (the same tensor where the OS has no
+        huge-page advice)."""
         num_bytes = packed.numel() * packed.element_size()
         if self.region is None or self.used + num_bytes > len(self.region):
-            size = max(self._CHUNK, -(-num_bytes // (2 * 2**20)) * 2 * 2**20)
-            self.region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.region.madvise(mmap.MADV_HUGEPAGE)
-            self.used = 0
+            region = huge_page_mapping(max(self._CHUNK, num_bytes))
+            if region is None:
+                return packed
+            self.region, self.used = region, 0
         # The view keeps its region alive through the buffer protocol.
         raw = torch.frombuffer(self.region, dtype=torch.uint8, count=num_bytes, offset=self.used)
         self.used += -(-num_bytes // self._ALIGN) * self._ALIGN
