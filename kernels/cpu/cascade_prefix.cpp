@@ -37,6 +37,17 @@ bool prefill_supported(int64_t head_dim, bool bf16);  // paged_attention_prefill
 
 namespace {
 
+// Each sequence's GQA group of query heads, gathered per KV head:
+// q [num_tokens, num_heads, d] rows qrows -> out [kv head][seq * group + g][d].
+template <typename T>
+void gather_group_rows(const T* q, const int64_t* qrows, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t d, T* out) {
+  const int64_t group = num_heads / num_kv_heads, rows = num_seqs * group;
+  for (int64_t h = 0; h < num_kv_heads; ++h)
+    for (int64_t s = 0; s < num_seqs; ++s)
+      std::memcpy(out + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d, group * d * sizeof(T));
+}
+
 void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
                 const int32_t* table, int64_t prefix_len, const int64_t* qrows, int64_t num_seqs, float* o,
                 float* l, float scale) {
@@ -46,11 +57,7 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
   static std::mutex scratch_mutex;
   std::lock_guard<std::mutex> lock(scratch_mutex);
   if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
-  const float* q = query.data_ptr<float>();
-  for (int64_t h = 0; h < num_kv_heads; ++h)
-    for (int64_t s = 0; s < num_seqs; ++s)
-      std::memcpy(q_rows.data() + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d,
-                  group * d * sizeof(float));
+  gather_group_rows(query.data_ptr<float>(), qrows, num_seqs, num_heads, num_kv_heads, d, q_rows.data());
   const int64_t tiles = (rows + kNativeLanes - 1) / kNativeLanes;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -115,11 +122,8 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
     v_packed.resize(packed);
   }
   if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
-  const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
-  for (int64_t h = 0; h < num_kv_heads; ++h)
-    for (int64_t s = 0; s < num_seqs; ++s)
-      std::memcpy(q_rows.data() + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d,
-                  group * d * 2);
+  gather_group_rows(reinterpret_cast<const uint16_t*>(query.data_ptr()), qrows, num_seqs, num_heads, num_kv_heads, d,
+                    q_rows.data());
   const auto* kc = reinterpret_cast<const uint16_t*>(key_cache.data_ptr());
   const auto* vc = reinterpret_cast<const uint16_t*>(value_cache.data_ptr());
   at::parallel_for(0, num_kv_heads, 1, [&](int64_t begin, int64_t end) {

@@ -138,9 +138,8 @@ class CPUAttentionBackend(AttentionBackend):
         if prefix_len:
             num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
             rows = len(plan.decode_seq_ids) * (query.shape[1] // num_kv_heads)
-            prefix_out = torch.empty(
-                num_kv_heads, rows, head_dim
-            )  # [kv head, seq * group + g, dim]
+            # [kv head, seq * group + g, dim] and [kv head, seq * group + g]
+            prefix_out = torch.empty(num_kv_heads, rows, head_dim)
             prefix_lse = torch.empty(num_kv_heads, rows)
             self.kernels.attention_over_prefix(
                 query,
