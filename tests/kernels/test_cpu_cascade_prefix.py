@@ -8,20 +8,10 @@ import torch
 
 from kernels.cpu import load_cpu_kernels
 from kernels.paged_attention_reference import paged_attention_reference
+from tests.kernels.tile_dtypes import TILE_DTYPES, TILE_TOLERANCE
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels did not build here")
-DTYPES = [
-    pytest.param(
-        torch.bfloat16,
-        marks=pytest.mark.skipif(
-            kernels is None or not kernels.prefill_supported(64),
-            reason="the bf16 tiles need a CPU with AMX or AVX512-BF16",
-        ),
-    ),
-    torch.float32,
-]
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-5}
 
 
 def _shared_batch(
@@ -77,14 +67,14 @@ def _cascade(query, key_cache, value_cache, block_tables, seq_lens, query_rows, 
         (4, [3, 60, 17], 4, 4, 128, 16, 50),
     ],
 )
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", TILE_DTYPES)
 def test_cascade_matches_reference(
     prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, prefix_len, dtype
 ):
     query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
         prefix_blocks, own_lens, num_heads, num_kv_heads, head_dim, block_size, dtype
     )
-    tol = TOLERANCE[dtype]
+    tol = TILE_TOLERANCE[dtype]
     scale = head_dim**-0.5
     out, _, _ = _cascade(
         query, key_cache, value_cache, block_tables, seq_lens, query_rows, prefix_len, scale
@@ -106,14 +96,14 @@ def test_cascade_matches_reference(
     torch.testing.assert_close(out.float(), plain.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", TILE_DTYPES)
 def test_prefix_half_is_attention_over_the_prefix_alone(dtype):
     """Row s * group + g of kv head h is query head h * group + g of sequence s,
     normalised over the prefix, with the log-sum-exp of its scaled scores."""
     query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
         3, [5, 9], 6, 2, 64, 16, dtype
     )
-    tol = TOLERANCE[dtype]
+    tol = TILE_TOLERANCE[dtype]
     scale, prefix_len = 0.125, 40
     _, prefix_out, prefix_lse = _cascade(
         query, key_cache, value_cache, block_tables, seq_lens, query_rows, prefix_len, scale

@@ -8,22 +8,10 @@ import torch
 
 from kernels.cpu import load_cpu_kernels
 from kernels.paged_attention_reference import paged_attention_reference
+from tests.kernels.tile_dtypes import TILE_DTYPES, TILE_TOLERANCE
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels did not build here")
-DTYPES = [
-    pytest.param(
-        torch.bfloat16,
-        marks=pytest.mark.skipif(
-            kernels is None or not kernels.prefill_supported(64),
-            reason="the bf16 tiles need a CPU with AMX or AVX512-BF16",
-        ),
-    ),
-    torch.float32,
-]
-# bf16 rounds probabilities before P @ V; float32 differs from the twin only in
-# summation order and exp's polynomial.
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-5}
 
 
 def _paged_batch(
@@ -64,7 +52,7 @@ def _paged_batch(
         ([200, 90], [120, 90], 8, 2, 64, 16, 37),
     ],
 )
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", TILE_DTYPES)
 def test_prefill_matches_reference(
     seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, window, dtype
 ):
@@ -99,7 +87,7 @@ def test_prefill_matches_reference(
         scale,
         window,
     )
-    tol = TOLERANCE[dtype]
+    tol = TILE_TOLERANCE[dtype]
     torch.testing.assert_close(out[rows].float(), expected, atol=tol, rtol=tol)
     untouched = torch.ones(query.shape[0], dtype=torch.bool)
     untouched[rows] = False

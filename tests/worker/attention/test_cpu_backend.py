@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from worker.attention.backends import get_attention_backend
 from worker.attention.backends.cpu import shared_leading_blocks
 from worker.attention.metadata import AttentionMetadata
+
+
+def _run_step(
+    name, qkv, caches, slot_mapping, block_tables, query_start_loc, seq_lens, scale, window
+):
+    """One attention call through backend `name` ("cpu", or "torch", the reference,
+    run in float32 on the same values): (output, backend, metadata)."""
+    backend = get_attention_backend(name, "cpu")
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        block_tables=block_tables,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        max_query_len=max(b - a for a, b in itertools.pairwise(query_start_loc)),
+        max_seq_len=max(seq_lens),
+    )
+    meta.backend_plan = backend.prepare(meta)
+    q, k, v = (t.float() if name == "torch" else t for t in qkv)
+    return backend.forward(q, k, v, *caches, meta, scale, window), backend, meta
 
 
 @pytest.mark.parametrize(
@@ -61,20 +82,13 @@ def test_cpu_backend_matches_reference_on_a_mixed_step(window, head_dim, dtype):
     value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
     caches["cpu"] = tuple(c.to(dtype) for c in caches["cpu"])
     caches["torch"] = tuple(c.to(dtype).float() for c in caches["torch"])
-    outputs = {}
-    for name, (key_cache, value_cache) in caches.items():
-        q, k, v = (t.float() if name == "torch" else t for t in (query, key, value))
-        backend = get_attention_backend(name, "cpu")
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots),
-            block_tables=block_tables,
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            max_query_len=7,
-            max_seq_len=max(seq_lens),
-        )
-        meta.backend_plan = backend.prepare(meta)
-        outputs[name] = backend.forward(q, k, v, key_cache, value_cache, meta, 0.25, window)
+    outputs = {
+        name: _run_step(
+            name, (query, key, value), cache_pair, torch.cat(slots), block_tables,
+            query_start_loc, seq_lens, 0.25, window,
+        )[0]
+        for name, cache_pair in caches.items()
+    }  # fmt: skip
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(
         outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance
@@ -121,25 +135,17 @@ def test_decode_rows_sharing_a_prefix_run_as_a_cascade(dtype):
     value = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
     outputs = {}
     for name in ("cpu", "torch"):
-        backend = get_attention_backend(name, "cpu")
         caches = [c.clone() if name == "cpu" else c.float() for c in (key_cache, value_cache)]
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots),
-            block_tables=block_tables,
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            max_query_len=20,
-            max_seq_len=max(seq_lens),
-        )
-        meta.backend_plan = backend.prepare(meta)
-        q, k, v = (t.float() if name == "torch" else t for t in (query, key, value))
+        outputs[name], backend, meta = _run_step(
+            name, (query, key, value), caches, torch.tensor(slots), block_tables,
+            query_start_loc, seq_lens, 0.125, None,
+        )  # fmt: skip
         if name == "cpu":
             assert meta.backend_plan.cascade_blocks == 10
             assert meta.backend_plan.decode_min_len == 161
-            prefix_len = backend._cascade_prefix_len(q, caches[0], meta.backend_plan, None)
-            assert prefix_len == (160 if backend._kernel_prefill(q, caches[0]) else 0)
-            assert backend._cascade_prefix_len(q, caches[0], meta.backend_plan, 64) == 0
-        outputs[name] = backend.forward(q, k, v, *caches, meta, 0.125, None)
+            prefix_len = backend._cascade_prefix_len(query, caches[0], meta.backend_plan, None)
+            assert prefix_len == (160 if backend._kernel_prefill(query, caches[0]) else 0)
+            assert backend._cascade_prefix_len(query, caches[0], meta.backend_plan, 64) == 0
     tolerance = 2e-2 if dtype == torch.bfloat16 else 2e-5
     torch.testing.assert_close(
         outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance
