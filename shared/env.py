@@ -44,7 +44,7 @@ def cpu_prefill_kernel() -> bool:
 
 
 def cpu_bf16_gemm() -> bool:
-    """Whether packed bf16 linears use Pagoda's AVX512-BF16 panel kernel where the
+    """Whether packed bf16 linears use Pagoda's panel kernel (AMX or AVX512-BF16) where the
     CPU has it (on unless set to 0: oneDNN's prepacked linear, for comparing)."""
     return os.environ.get("PAGODA_CPU_BF16_GEMM", "1") not in ("0", "false", "False")
 

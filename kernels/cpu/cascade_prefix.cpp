@@ -153,9 +153,9 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
       }
     };
     if (amx)
-      run_items<true>([&] { work(std::true_type{}); });
+      with_tiles<true>([&] { work(std::true_type{}); });
     else
-      run_items<false>([&] { work(std::false_type{}); });
+      with_tiles<false>([&] { work(std::false_type{}); });
   });
 #endif
 }

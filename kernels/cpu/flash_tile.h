@@ -18,15 +18,11 @@
 #include <limits>
 #include <type_traits>
 
+#include "amx.h"
 #include "vec16.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define PAGODA_PREFILL 1
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define PAGODA_AMX 1
-#endif
 #endif
 
 namespace {
@@ -35,40 +31,6 @@ constexpr int kChunk = 32;      // keys per softmax step: two 16-key tiles
 constexpr int kTileRows = 16;   // query rows per tile
 
 #ifdef PAGODA_PREFILL
-
-#ifdef PAGODA_AMX
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every tile is 16 rows of 64 bytes: 16 fp32 or 32 bf16 per row.
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-bool amx_permitted() {
-  // Linux hands out the AMX tile state only to processes that ask (XFEATURE 18).
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return ok;
-}
-#endif  // PAGODA_AMX
-
-bool use_amx() {
-#ifdef PAGODA_AMX
-  return amx_permitted();
-#else
-  return false;
-#endif
-}
 
 struct Layout {
   int64_t head_dim, num_heads, num_kv_heads, block_size;
@@ -301,19 +263,6 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     for (int i = 0; i < rows; ++i) lse[i] = (mm[i] + std::log2(ll[i])) * 0.69314718055994531f;
   }
 }
-
-// Runs a thread's share of the items, with the AMX tile state set up around it.
-template <bool kAmx, typename Body>
-void run_items(Body&& body) {
-#ifdef PAGODA_AMX
-  if constexpr (kAmx) configure_tiles();
-#endif
-  body();
-#ifdef PAGODA_AMX
-  if constexpr (kAmx) _tile_release();
-#endif
-}
-
 
 #endif  // PAGODA_PREFILL
 

@@ -177,9 +177,9 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
       }
     };
     if (amx)
-      run_items<true>([&] { work(std::true_type{}); });
+      with_tiles<true>([&] { work(std::true_type{}); });
     else
-      run_items<false>([&] { work(std::false_type{}); });
+      with_tiles<false>([&] { work(std::false_type{}); });
   });
 #else
   (void)key_cache, (void)value_cache, (void)block_tables, (void)out, (void)scale, (void)sliding_window;

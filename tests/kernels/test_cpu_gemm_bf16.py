@@ -1,4 +1,4 @@
-"""The AVX512-BF16 panel linear: its weight layout, and its products against a
+"""The bf16 panel linear (AMX tiles or AVX512-BF16): its weight layout, and its products against a
 float64 product of the same bf16 values."""
 
 from __future__ import annotations
@@ -25,18 +25,22 @@ def test_panels_hold_column_pairs():
     assert torch.equal(packed[1, 1, 1::2], weight[32:, 3])
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 12, 13, 31, 64, 150])
+# K = 576 takes AMX tiles where the CPU has them (16-row blocks, paired, a padded
+# tail; 1000 rows span three L2 chunks); K = 584 (not a multiple of 32) always
+# takes the vdpbf16ps loop (blocks of at most 12 rows).
+@pytest.mark.parametrize("k", [576, 584])
+@pytest.mark.parametrize("rows", [1, 3, 4, 12, 13, 16, 17, 31, 32, 33, 48, 64, 150, 1000])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_a_float64_product(rows, bias):
+def test_linear_matches_a_float64_product(rows, bias, k):
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 576, generator=gen).to(torch.bfloat16)
-    x = torch.randn(rows, 576, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(96, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(96, generator=gen).to(torch.bfloat16) if bias else None
     out = kernels.bf16_panel_linear(x, kernels.pack_bf16_panels(weight), b)
     expected = x.double() @ weight.double().T + (b.double() if bias else 0)
     assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
-    # fp32 accumulation of 576 products, then one bf16 rounding (half an ulp).
-    bound = expected.abs() * 2**-8 + 576 * 2**-24 * 8
+    # fp32 accumulation of k products, then one bf16 rounding (half an ulp).
+    bound = expected.abs() * 2**-8 + k * 2**-24 * 8
     assert bool(((out.double() - expected).abs() <= bound).all())
 
 
