@@ -199,8 +199,7 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
   std::vector<float> weights(num_heads), prefix_weights(num_heads, 0.f);
   for (int head = 0; head < num_heads; ++head) {
     float* s = scores.data() + head * span;
-    float m = -INFINITY;
-    for (int64_t i = 0; i < span; ++i) m = std::max(m, s[i]);
+    const float m = max_of(s, span);
     vnative totals = {};
     int64_t i = 0;
     for (; i + kNativeLanes <= span; i += kNativeLanes) {
