@@ -79,6 +79,20 @@ void run_block(int rows, const uint16_t* x, int64_t k, const uint16_t* panel, co
       TORCH_CHECK(false, "run_block: ", rows, " rows");
   }
 }
+
+// Rows of a unit's output at once: 12 (vdpbf16ps) or 32 (two AMX tiles).
+constexpr int kScratchRows = 32;
+
+// rows x 32 of out = silu(gate) * up from scratch rows of [gate 32 | up 32], with
+// silu_and_mul's arithmetic (elementwise.cpp), so fused and unfused agree bit for bit.
+inline void silu_and_mul_rows(const uint16_t* scratch, int rows, uint16_t* out, int64_t ldo) {
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < kPanel; i += kLanes) {
+      const vec16 g = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + i));
+      const vec16 u = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + kPanel + i));
+      store_bf16(out + r * ldo + i, round_bf16(g / (1.f + exp16(-g))) * u);
+    }
+}
 #endif
 
 #ifdef PAGODA_AMX
@@ -92,7 +106,8 @@ struct RowBlock {
   int rows;
 };
 
-// One or two 16-row blocks x one panel, over all of K (a multiple of 32).
+// One or two 16-row blocks x one panel, over all of K (a multiple of 32); out
+// points at the first block's first row.
 template <int kBlocks>
 void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
                      int64_t ldo) {
@@ -132,7 +147,7 @@ void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, c
   const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
   for (int blk = 0; blk < kBlocks; ++blk)
     for (int r = 0; r < blocks[blk].rows; ++r) {
-      uint16_t* o = out + (blocks[blk].first_row + r) * ldo;
+      uint16_t* o = out + (blocks[blk].first_row - blocks[0].first_row + r) * ldo;
       const __m512 v0 = _mm512_add_ps(_mm512_load_ps(&c[blk][r][0]), b0);
       const __m512 v1 = _mm512_add_ps(_mm512_load_ps(&c[blk][r][16]), b1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), (__m256i)_mm512_cvtneps_pbh(v0));
@@ -140,8 +155,8 @@ void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, c
     }
 }
 
-void amx_linear(const uint16_t* x, int64_t m, int64_t k, const uint16_t* wp, int64_t panels, const float* bp,
-                uint16_t* op) {
+template <typename Unit>
+void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, Unit&& unit) {
   // A tile reads 16 whole rows: a short tail runs from a zero-padded copy.
   std::vector<uint16_t> tail;
   std::vector<RowBlock> blocks;
@@ -154,22 +169,23 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, const uint16_t* wp, int
   }
   // Many rows: a chunk of x that stays in L2 (about 512 KB) runs against all of
   // a thread's panels before the next; otherwise every panel would stream all of x.
-  const int64_t n = panels * kPanel, nb = static_cast<int64_t>(blocks.size());
+  const int64_t nb = static_cast<int64_t>(blocks.size());
   const int64_t chunk = std::max<int64_t>(2, (512 * 1024) / (k * 2 * 16) / 2 * 2);  // blocks, even
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     with_tiles<true>([&] {
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
-        for (int64_t p = begin; p < end; ++p) {
-          const uint16_t* panel = wp + p * (k / 2) * 2 * kPanel;
-          const float* b = bp != nullptr ? bp + p * kPanel : nullptr;
+        for (int64_t u = begin; u < end; ++u)
           for (int64_t i = c0; i < c1; i += 2) {
-            if (i + 1 < c1)
-              amx_panel_block<2>(&blocks[i], k, panel, b, op + p * kPanel, n);
-            else
-              amx_panel_block<1>(&blocks[i], k, panel, b, op + p * kPanel, n);
+            const bool two = i + 1 < c1;
+            const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
+            unit(u, blocks[i].first_row, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
+              if (two)
+                amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo);
+              else
+                amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo);
+            });
           }
-        }
       }
     });
   });
@@ -207,8 +223,13 @@ torch::Tensor pack_bf16_panels(const torch::Tensor& weight) {
   return packed;
 }
 
-torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                                const std::optional<torch::Tensor>& bias) {
+namespace {
+
+// out = x W^T + b, or with silu (W = [gate; up], each a whole number of panels)
+// silu(x W_gate^T + b_gate) * (x W_up^T + b_up), both halves rounded to bf16
+// first, as the unfused linear and silu_and_mul round them.
+torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                           const std::optional<torch::Tensor>& bias, bool silu) {
   TORCH_CHECK(bf16_gemm_supported(), "bf16_panel_linear needs a build with AVX512-BF16");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
               "x must be contiguous bf16 [rows, in]");
@@ -217,7 +238,8 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pac
               "packed must come from pack_bf16_panels");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), n = panels * kPanel;
   TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " columns, the weight ", packed.size(1) * 2);
-  auto out = torch::empty({m, n}, x.options());
+  TORCH_CHECK(!silu || panels % 2 == 0, "bf16_panel_linear_silu: gate and up must be whole panels (N % 64 == 0)");
+  auto out = torch::empty({m, silu ? n / 2 : n}, x.options());
   torch::Tensor bias_f32;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bias must have ", n, " values");
@@ -228,27 +250,53 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pac
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   const float* bp = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
+  const int64_t units = silu ? panels / 2 : panels, n_out = units * kPanel;
+  auto panel_of = [&](int64_t p) { return wp + p * (k / 2) * 2 * kPanel; };
+  auto bias_of = [&](int64_t p) { return bp != nullptr ? bp + p * kPanel : nullptr; };
+  // Output unit u, rows [first, first + rows): `block(panel, bias, dst, ldd)` writes
+  // those rows of one panel's product to dst. Plainly that is out's columns of
+  // panel u; with silu, panels u (gate) and u + units (up) go to a scratch tile
+  // side by side, and silu(gate) * up to out's columns of unit u.
+  auto unit = [&](int64_t u, int64_t first, int rows, auto&& block) {
+    if (!silu) return block(panel_of(u), bias_of(u), op + first * n_out + u * kPanel, n_out);
+    alignas(64) uint16_t scratch[kScratchRows * 2 * kPanel];
+    block(panel_of(u), bias_of(u), scratch, 2 * kPanel);
+    block(panel_of(u + units), bias_of(u + units), scratch + kPanel, 2 * kPanel);
+    silu_and_mul_rows(scratch, rows, op + first * n_out + u * kPanel, n_out);
+  };
 #ifdef PAGODA_AMX
   if (k % 32 == 0 && use_amx()) {
-    amx_linear(xp, m, k, wp, panels, bp, op);
+    amx_linear(xp, m, k, units, unit);
     return out;
   }
 #endif
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const uint16_t* panel = wp + p * (k / 2) * 2 * kPanel;
-      const float* b = bp != nullptr ? bp + p * kPanel : nullptr;
-      uint16_t* o = op + p * kPanel;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u)
       for (int64_t r = 0; r < m;) {
         // Even blocks of at most 12 rows (32 rows: 11 + 11 + 10, not 12 + 12 + 4 + 4):
         // a short block pays the same panel loads for fewer products.
         const int64_t left = m - r, blocks = (left + kMaxRows - 1) / kMaxRows;
         const int rows = static_cast<int>((left + blocks - 1) / blocks);
-        run_block(rows, xp + r * k, k, panel, b, o + r * n, n);
+        unit(u, r, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
+          run_block(rows, xp + r * k, k, panel, b, o, ldo);
+        });
         r += rows;
       }
-    }
   });
+#else
+  (void)silu;
 #endif
   return out;
+}
+
+}  // namespace
+
+torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                                const std::optional<torch::Tensor>& bias) {
+  return panel_linear(x, packed, bias, false);
+}
+
+torch::Tensor bf16_panel_linear_silu(const torch::Tensor& x, const torch::Tensor& packed,
+                                     const std::optional<torch::Tensor>& bias) {
+  return panel_linear(x, packed, bias, true);
 }

@@ -19,6 +19,8 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
 torch::Tensor row_argmax(const torch::Tensor& x);
 bool bf16_gemm_supported();
 torch::Tensor pack_bf16_panels(const torch::Tensor& weight);
+torch::Tensor bf16_panel_linear_silu(const torch::Tensor& x, const torch::Tensor& packed,
+                                     const std::optional<torch::Tensor>& bias);
 torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
                                 const std::optional<torch::Tensor>& bias);
 bool prefill_supported(int64_t head_dim, bool bf16);
@@ -54,6 +56,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16_panels", &pack_bf16_panels, "[N, K] bf16 weight -> [N / 32, K / 2, 64] panels");
   m.def("bf16_panel_linear", &bf16_panel_linear, "x [M, K] @ packed^T (+ bias) -> [M, N] bf16",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("bf16_panel_linear_silu", &bf16_panel_linear_silu,
+        "silu(x @ gate^T + b) * (x @ up^T + b) for packed [gate; up] -> [M, N / 2] bf16", py::arg("x"),
+        py::arg("packed"), py::arg("bias") = py::none());
   m.def("row_argmax", &row_argmax, "Index of each float32 row's first maximum (NaN: the first NaN)");
   m.def("write_kv_cache", &write_kv_cache, "Copy new K/V rows into their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 or float32 rows");

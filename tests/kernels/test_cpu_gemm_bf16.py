@@ -50,3 +50,23 @@ def test_shapes_it_cannot_take_are_refused():
     packed = kernels.pack_bf16_panels(torch.zeros(32, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="x has 6 columns, the weight 8"):
         kernels.bf16_panel_linear(torch.zeros(2, 6, dtype=torch.bfloat16), packed)
+
+
+@pytest.mark.parametrize("k", [576, 584])
+@pytest.mark.parametrize("rows", [1, 12, 17, 33, 150])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_silu_is_the_linear_then_silu_and_mul_bit_for_bit(rows, bias, k):
+    gen = torch.Generator().manual_seed(100 + rows)
+    weight = torch.randn(128, k, generator=gen).to(torch.bfloat16)  # [gate 64; up 64]
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(128, generator=gen).to(torch.bfloat16) if bias else None
+    packed = kernels.pack_bf16_panels(weight)
+    fused = kernels.bf16_panel_linear_silu(x, packed, b)
+    assert fused.shape == (rows, 64)
+    assert torch.equal(fused, kernels.silu_and_mul(kernels.bf16_panel_linear(x, packed, b)))
+
+
+def test_fused_silu_needs_whole_panels_of_gate_and_up():
+    packed = kernels.pack_bf16_panels(torch.zeros(96, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="N % 64 == 0"):
+        kernels.bf16_panel_linear_silu(torch.zeros(2, 8, dtype=torch.bfloat16), packed)

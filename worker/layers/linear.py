@@ -93,6 +93,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias, quant_method, params_dtype)
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a [gate, up] layer in one pass, where its weight
+        format fuses them: [num_tokens, in] -> [num_tokens, gate size]; else None."""
+        if len(self.output_sizes) != 2 or self.output_sizes[0] != self.output_sizes[1]:
+            return None
+        return self.quant_method.apply_silu_and_mul(self, x, self.bias)
+
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:
             return super().weight_loader(param, loaded)

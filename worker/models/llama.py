@@ -31,7 +31,10 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        hidden = self.gate_up_proj.silu_and_mul(x)  # fused where the weight format has it
+        if hidden is None:
+            hidden = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(hidden)
 
 
 class LlamaAttention(nn.Module):

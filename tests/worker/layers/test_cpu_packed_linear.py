@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import load_cpu_kernels
+from worker.layers.activation import SiluAndMul
 from worker.layers.embedding import ParallelLMHead
-from worker.layers.linear import ReplicatedLinear
+from worker.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
 from worker.layers.quantization import cpu_packed
 
 needs_onednn = pytest.mark.skipif(
@@ -63,6 +64,24 @@ def test_packed_linear_matches_f_linear(bias, rows, packer, monkeypatch):
     # and so does F.linear on bf16 there; the panel kernel adds it in fp32).
     ulp = expected.abs().clamp_min(1e-3) * (2**-7 if bias else 2**-8)
     assert bool(((out.float() - expected).abs() <= ulp).all())
+
+
+@needs_packing
+@pytest.mark.parametrize("packer", PACKERS)
+@pytest.mark.parametrize("inter", [64, 80])  # 80: gate and up do not split at a panel
+def test_gate_up_fuses_silu_only_on_whole_panels(packer, inter, monkeypatch):
+    monkeypatch.setenv("PAGODA_CPU_BF16_GEMM", "1" if packer == "panels" else "0")
+    torch.manual_seed(0)
+    layer = MergedColumnParallelLinear(96, [inter, inter], params_dtype=torch.bfloat16)
+    layer.weight.data = torch.randn(2 * inter, 96).to(torch.bfloat16)
+    x = torch.randn(9, 96).to(torch.bfloat16)
+    assert layer.silu_and_mul(x) is None  # not packed yet: F.linear, then SiluAndMul
+    layer.process_weights_after_loading()
+    fused = layer.silu_and_mul(x)
+    if packer == "onednn" or inter == 80:
+        assert fused is None
+    else:
+        assert torch.equal(fused, SiluAndMul()(layer(x)))
 
 
 def test_bf16_layer_runs_where_the_cpu_cannot_pack(monkeypatch):

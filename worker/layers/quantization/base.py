@@ -33,6 +33,14 @@ class LinearMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027
         """Repack loaded weights into the format `apply` wants (optional)."""
 
+    def apply_silu_and_mul(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """silu(gate) * up of a [gate; up] layer in one pass, [num_tokens, 2 d] never
+        made: [num_tokens, in_features] -> [num_tokens, d]. None where the format has
+        no fused form (the caller applies, then SiluAndMul)."""
+        return None
+
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """Dense weights in the model dtype."""
@@ -57,3 +65,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if getattr(layer, "weight_is_packed", False):
             return cpu_packed.packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
+
+    def apply_silu_and_mul(self, layer, x, bias):
+        if getattr(layer, "weight_is_packed", False):
+            return cpu_packed.packed_linear_silu(x, layer.weight, bias)
+        return None

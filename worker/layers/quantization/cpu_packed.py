@@ -119,3 +119,17 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
         out = load_cpu_kernels().bf16_panel_linear(rows, packed, bias)
         return out.view(*x.shape[:-1], out.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def packed_linear_silu(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """silu(gate) * up for a packed [gate; up] weight in one pass: [..., in] ->
+    [..., out / 2], bit for bit packed_linear then silu_and_mul. The [tokens, out]
+    product is never written: 6% of `prefill`'s time went to that round trip.
+    None for oneDNN's layout, or where gate and up do not split at a panel."""
+    if packed.dim() != 3 or packed.shape[0] % 2:
+        return None
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # [tokens, in]
+    out = load_cpu_kernels().bf16_panel_linear_silu(rows, packed, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
