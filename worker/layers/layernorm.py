@@ -31,6 +31,10 @@ class RMSNorm(nn.Module):
 
         On bf16 and float32 CPU tensors one C++ pass does it, updating `residual` in place."""
         kernels = fused_elementwise_kernels(x)
+        if kernels is not None and x.dim() == 2:  # [rows, hidden]: no reshapes
+            if residual is None:
+                return kernels.rms_norm(x, self.weight, self.eps)
+            return kernels.add_rms_norm(x, residual, self.weight, self.eps), residual
         if kernels is not None:
             shape = x.shape
             x2d = x.reshape(-1, shape[-1])  # [rows, hidden]
