@@ -159,7 +159,7 @@ torch::Tensor silu_and_mul(const torch::Tensor& x) {
       for (; i + kLanes <= d; i += kLanes) {
         const vec16 g = load(reinterpret_cast<const at::BFloat16*>(gate + i));
         const vec16 u = load(reinterpret_cast<const at::BFloat16*>(up + i));
-        store_bf16(o + i, round_bf16(g / (1.f + exp16(-g))) * u);
+        store_bf16(o + i, silu_mul_bf16(g, u));
       }
       for (; i < d; ++i) {
         const float g = to_f32(gate[i]);

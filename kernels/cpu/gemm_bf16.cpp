@@ -20,7 +20,9 @@
 //   packed:  [N / 32, K / 2, 64] bf16: panel p, k pair kp holds columns
 //            p * 32 .. p * 32 + 31, each as (W[n][2 kp], W[n][2 kp + 1])
 //   x:       [M, K] bf16, contiguous; bias: [N] bf16 or undefined; out: [M, N] bf16
-// The plain twin is F.linear (worker/layers/quantization/cpu_packed.py).
+//   bf16_panel_linear_silu: W = [gate; up] (N % 64 == 0), out: [M, N / 2] bf16
+// The plain twins are F.linear, and F.linear then SiluAndMul
+// (worker/layers/quantization/cpu_packed.py, worker/layers/activation.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -84,13 +86,13 @@ void run_block(int rows, const uint16_t* x, int64_t k, const uint16_t* panel, co
 constexpr int kScratchRows = 32;
 
 // rows x 32 of out = silu(gate) * up from scratch rows of [gate 32 | up 32], with
-// silu_and_mul's arithmetic (elementwise.cpp), so fused and unfused agree bit for bit.
+// silu_and_mul's arithmetic (silu_mul_bf16), so fused and unfused agree bit for bit.
 inline void silu_and_mul_rows(const uint16_t* scratch, int rows, uint16_t* out, int64_t ldo) {
   for (int r = 0; r < rows; ++r)
     for (int i = 0; i < kPanel; i += kLanes) {
       const vec16 g = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + i));
       const vec16 u = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + kPanel + i));
-      store_bf16(out + r * ldo + i, round_bf16(g / (1.f + exp16(-g))) * u);
+      store_bf16(out + r * ldo + i, silu_mul_bf16(g, u));
     }
 }
 #endif

@@ -272,6 +272,11 @@ inline float sum_native(vnative v) {
   return total;
 }
 
+// silu(g) * u for bf16 inputs widened to fp32, the activation rounded to bf16
+// before the multiply as the unfused torch ops round it; silu_and_mul and the
+// fused gate/up linear both use it, so their results agree bit for bit.
+inline vec16 silu_mul_bf16(vec16 g, vec16 u) { return round_bf16(g / (1.f + exp16(-g))) * u; }
+
 // The largest of p[0 .. n), skipping NaNs as std::max(m, p[i]) from -inf does.
 // The scalar loop kept m on the stack (a store-to-load chain per element): 22% of
 // the decode kernel's time on a Xeon.

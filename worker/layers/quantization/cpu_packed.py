@@ -115,11 +115,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """x: [..., in] -> [..., out], as F.linear(x, weight, bias). A 3-D `packed`
     is the panel layout (pack() made it so), a 2-D one oneDNN's."""
     if packed.dim() == 3:
-        if x.dim() == 2 and x.is_contiguous():  # the model's own calls: no reshapes
-            return load_cpu_kernels().bf16_panel_linear(x, packed, bias)
-        rows = x.reshape(-1, x.shape[-1]).contiguous()  # [tokens, in]
-        out = load_cpu_kernels().bf16_panel_linear(rows, packed, bias)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _over_rows(load_cpu_kernels().bf16_panel_linear, x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -132,8 +128,13 @@ def packed_linear_silu(
     None for oneDNN's layout, or where gate and up do not split at a panel."""
     if packed.dim() != 3 or packed.shape[0] % 2:
         return None
+    return _over_rows(load_cpu_kernels().bf16_panel_linear_silu, x, packed, bias)
+
+
+def _over_rows(kernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
+    """A panel kernel over x's rows: [..., in] -> [..., out]. The model's own calls
+    pass [tokens, in] contiguous and skip the reshapes (each ~3 us of dispatch)."""
     if x.dim() == 2 and x.is_contiguous():
-        return load_cpu_kernels().bf16_panel_linear_silu(x, packed, bias)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()  # [tokens, in]
-    out = load_cpu_kernels().bf16_panel_linear_silu(rows, packed, bias)
+        return kernel(x, packed, bias)
+    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)  # [tokens, in]
     return out.view(*x.shape[:-1], out.shape[-1])
