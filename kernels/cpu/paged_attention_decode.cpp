@@ -29,41 +29,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "decode_head_tile.h"
 #include "vec16.h"
 
 namespace {
-
-#ifdef __AVX512BF16__
-constexpr bool kBf16Dot = true;
-
-// 16 lanes of partial sums of q . k over `kPairs` x 32 bf16 (sum them for the dot).
-template <int kPairs>
-inline vec16 pair_dot(const at::BFloat16* q, const at::BFloat16* k) {
-  __m512 d = _mm512_setzero_ps();
-  for (int c = 0; c < kPairs; ++c)
-    d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_loadu_si512(q + c * 32), (__m512bh)_mm512_loadu_si512(k + c * 32));
-  return reinterpret_cast<vec16>(d);
-}
-#else
-constexpr bool kBf16Dot = false;
-
-template <int kPairs>
-inline vec16 pair_dot(const at::BFloat16*, const at::BFloat16*) { return vec16{}; }
-#endif
-
-// Blocks are scattered, and the hardware prefetcher stops at page boundaries:
-// while reading row i of one block, ask for row i of the block after next
-// (kPrefetchBlocks ahead). With KV cold in DRAM, as in a real step (30 layers
-// of 32 x 96 tokens, blocks of 8): one block ahead took 139-162 us per layer,
-// two 124-150 (four: 161-172, too far for short sequences).
-constexpr int64_t kPrefetchBlocks = 2;
-
-template <typename scalar_t>
-inline void prefetch_row(const scalar_t* row, int64_t row_elems) {
-  const char* p = reinterpret_cast<const char*>(row);
-  const int64_t bytes = row_elems * static_cast<int64_t>(sizeof(scalar_t));
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
-}
 
 // float32 at the CPU's own vector width (8 lanes on AVX2, where GCC moved each
 // 16-lane dot through the stack on its way to `dots`: 5 GB/s). Each dot entry
@@ -104,26 +73,15 @@ inline void float_weighted_sum(const float* scores, int64_t span, const float* v
   }
 }
 
-// A cascade's prefix half for one sequence (out == nullptr: none): its rows in
-// attention_over_prefix's [kv head][seq * group + g] layout.
-struct Prefix {
-  const float* out = nullptr;
-  const float* lse = nullptr;
-  int64_t seq = 0, rows = 0;  // this sequence, and rows per kv head (num_seqs * group)
-  int64_t row(int head, int group) const { return (head / group) * rows + seq * group + head % group; }
-};
-
-// One sequence: every KV head, reading each token's whole K (then V) row once,
-// contiguously, so the hardware prefetcher streams the blocks.
-template <typename scalar_t, int kChunks>
-void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
-                     const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                     int64_t block_stride, int num_kv_heads, int group, float scale,
-                     const Prefix& prefix, std::vector<float>& scores, std::vector<vec16>& work,
-                     scalar_t* o_row) {
+// One float32 sequence: every KV head per token, reading each token's whole K
+// (then V) row once, contiguously. (bf16 and half go KV head by KV head:
+// decode_head_tile.h.)
+template <int kChunks>
+void decode_sequence_f32(const float* q_row, const float* k_base, const float* v_base, const SeqLayout& s,
+                         int num_kv_heads, int group, float scale, const Prefix& prefix,
+                         std::vector<float>& scores, std::vector<vec16>& work, float* o_row) {
   const int num_heads = num_kv_heads * group;
-  const int64_t span = len - first;
-  const int64_t token_stride = static_cast<int64_t>(num_kv_heads) * kChunks * kLanes;
+  const int64_t span = s.len - s.first;
   // work: num_heads * kChunks query vectors, as many accumulators, then
   // num_heads * kLanes dot vectors.
   work.resize(static_cast<size_t>(num_heads) * (2 * kChunks + kLanes));
@@ -140,77 +98,42 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
   // vector of scores: 15 shuffle-adds per 16 tokens instead of 4 per token.
   vec16* dots = acc + num_heads * kChunks;  // [num_heads, kLanes]
   int64_t pending = 0;                      // tokens whose dots wait in `dots`
-  // bf16 with AVX512-BF16: q . k in bf16 pairs straight from the cache rows
-  // (exact products, fp32 sums), no widening; the scale comes after.
-  constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
-  const float dot_scale = kPairDots ? scale : 1.f;
   auto flush = [&](int64_t t_end) {
-    const int64_t offset = t_end - pending - first;
+    const int64_t offset = t_end - pending - s.first;
     for (int head = 0; head < num_heads; ++head) {
-      float* s = scores.data() + head * span + offset;
+      float* out = scores.data() + head * span + offset;
       const vec16* d = dots + head * kLanes;
       if (pending == kLanes) {
-        sum16_store(d, dot_scale, s);
+        sum16_store(d, 1.f, out);
       } else {
-        for (int64_t i = 0; i < pending; ++i) s[i] = sum(d[i]) * dot_scale;
+        for (int64_t i = 0; i < pending; ++i) out[i] = sum(d[i]);
       }
     }
     pending = 0;
   };
-  for (int64_t t = first; t < len;) {
-    const int64_t block_end = std::min(len, (t / block_size + 1) * block_size);
-    const scalar_t* k = k_base + table[t / block_size] * block_stride + (t % block_size) * token_stride;
-    const int64_t next_block = t / block_size + kPrefetchBlocks;
-    const scalar_t* k_next = next_block * block_size < len
-                                 ? k_base + table[next_block] * block_stride + (t % block_size) * token_stride
-                                 : nullptr;
-    for (; t < block_end; ++t, k += token_stride) {
-      if (k_next != nullptr) {
-        prefetch_row(k_next, token_stride);
-        k_next += token_stride;
-      }
-      for (int h = 0; h < num_kv_heads; ++h) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          float_dots<kChunks>(reinterpret_cast<const float*>(q), k, h, group, pending,
-                              reinterpret_cast<float*>(dots));
-        } else if constexpr (kPairDots) {
-          for (int g = 0; g < group; ++g) {
-            const int head = h * group + g;
-            dots[head * kLanes + pending] = pair_dot<kChunks / 2>(q_row + head * kChunks * kLanes,
-                                                                  k + h * kChunks * kLanes);
-          }
-        } else {
-          vec16 kv[kChunks];
-          for (int c = 0; c < kChunks; ++c) kv[c] = load(k + (h * kChunks + c) * kLanes);
-          for (int g = 0; g < group; ++g) {
-            const vec16* qh = q + (h * group + g) * kChunks;
-            vec16 dot = qh[0] * kv[0];
-            for (int c = 1; c < kChunks; ++c) dot += qh[c] * kv[c];
-            dots[(h * group + g) * kLanes + pending] = dot;
-          }
-        }
-      }
-      if (++pending == kLanes) flush(t + 1);
-    }
-  }
-  if (pending > 0) flush(len);
+  for_each_token<kRowPrefetchBlocks>(k_base, s, 0, s.token_stride, [&](const float* k, int64_t t) {
+    for (int h = 0; h < num_kv_heads; ++h)
+      float_dots<kChunks>(reinterpret_cast<const float*>(q), k, h, group, pending, reinterpret_cast<float*>(dots));
+    if (++pending == kLanes) flush(t + 1);
+  });
+  if (pending > 0) flush(s.len);
   // Softmax per query head (normalised at the end, where a cascade's prefix half
   // joins: weights[head] for this part's sums, prefix_weights[head] for it).
   std::vector<float> weights(num_heads), prefix_weights(num_heads, 0.f);
   for (int head = 0; head < num_heads; ++head) {
-    float* s = scores.data() + head * span;
-    const float m = max_of(s, span);
+    float* sc = scores.data() + head * span;
+    const float m = max_of(sc, span);
     vnative totals = {};
     int64_t i = 0;
     for (; i + kNativeLanes <= span; i += kNativeLanes) {
-      const vnative e = exp_native(load_native(s + i) - m);
-      store_native(s + i, e);
+      const vnative e = exp_native(load_native(sc + i) - m);
+      store_native(sc + i, e);
       totals += e;
     }
     float total = sum_native(totals);
     for (; i < span; ++i) {
-      s[i] = std::exp(s[i] - m);
-      total += s[i];
+      sc[i] = std::exp(sc[i] - m);
+      total += sc[i];
     }
     if (prefix.out == nullptr) {
       weights[head] = 1.f / total;
@@ -225,41 +148,17 @@ void decode_sequence(const scalar_t* q_row, const scalar_t* k_base, const scalar
     prefix_weights[head] = w_p * inv;
   }
   // Pass 2: out_head = sum_t p[head, t] v_t
-  for (int64_t t = first; t < len;) {
-    const int64_t block_end = std::min(len, (t / block_size + 1) * block_size);
-    const scalar_t* v = v_base + table[t / block_size] * block_stride + (t % block_size) * token_stride;
-    const int64_t next_block = t / block_size + kPrefetchBlocks;
-    const scalar_t* v_next = next_block * block_size < len
-                                 ? v_base + table[next_block] * block_stride + (t % block_size) * token_stride
-                                 : nullptr;
-    for (; t < block_end; ++t, v += token_stride) {
-      if (v_next != nullptr) {
-        prefetch_row(v_next, token_stride);
-        v_next += token_stride;
-      }
-      for (int h = 0; h < num_kv_heads; ++h) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          float_weighted_sum<kChunks>(scores.data() + t - first, span, v, h, group,
-                                      reinterpret_cast<float*>(acc));
-          continue;
-        }
-        vec16 vv[kChunks];
-        for (int c = 0; c < kChunks; ++c) vv[c] = load(v + (h * kChunks + c) * kLanes);
-        for (int g = 0; g < group; ++g) {
-          const float p = scores[(h * group + g) * span + (t - first)];
-          vec16* a = acc + (h * group + g) * kChunks;
-          for (int c = 0; c < kChunks; ++c) a[c] += p * vv[c];
-        }
-      }
-    }
-  }
+  for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const float* v, int64_t t) {
+    for (int h = 0; h < num_kv_heads; ++h)
+      float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, reinterpret_cast<float*>(acc));
+  });
   for (int head = 0; head < num_heads; ++head) {
     const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kChunks * kLanes : nullptr;
     for (int c = 0; c < kChunks; ++c)
       for (int i = 0; i < kLanes; ++i) {
         float o = acc[head * kChunks + c][i] * weights[head];
         if (p != nullptr) o += p[c * kLanes + i] * prefix_weights[head];
-        o_row[(head * kChunks + c) * kLanes + i] = static_cast<scalar_t>(o);
+        o_row[(head * kChunks + c) * kLanes + i] = o;
       }
   }
 }
@@ -303,10 +202,15 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
       const int64_t window_first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t row_offset = row_ptr[seq] * num_heads * head_dim;
       const Prefix prefix{prefix_out, prefix_lse, seq, num_seqs * group};
-      decode_sequence<scalar_t, kChunks>(
-          q_ptr + row_offset, k_ptr, v_ptr, bt_ptr + seq * max_blocks, std::max(window_first, prefix_len), len,
-          block_size, block_stride, num_kv_heads, group, static_cast<float>(scale), prefix, scores, work,
-          o_ptr + row_offset);
+      const SeqLayout layout{bt_ptr + seq * max_blocks, std::max(window_first, prefix_len), len,
+                             block_size,          block_stride,
+                             num_kv_heads * head_dim};
+      if constexpr (std::is_same_v<scalar_t, float>)
+        decode_sequence_f32<kChunks>(q_ptr + row_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
+                                     static_cast<float>(scale), prefix, scores, work, o_ptr + row_offset);
+      else
+        decode_sequence_by_head<scalar_t, kChunks>(q_ptr + row_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
+                                                   static_cast<float>(scale), prefix, scores, o_ptr + row_offset);
     }
   });
 }

@@ -19,6 +19,12 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
         (4, 4, 16, torch.float32, None),
         (8, 1, 32, torch.float32, 7),
         (4, 2, 64, torch.bfloat16, None),
+        # 16-bit caches go in tiles of at most 16 / (head_dim / 16) query heads:
+        (9, 3, 64, torch.bfloat16, None),  # one tile of 3 per KV head
+        (8, 1, 128, torch.bfloat16, 7),  # four tiles of 2
+        (10, 2, 64, torch.float16, None),  # 4 + 1, no pair dots
+        (12, 2, 32, torch.bfloat16, None),  # 4 + 2
+        (4, 4, 16, torch.bfloat16, None),  # odd chunk count: no pair dots
     ],
 )
 def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, window):

@@ -1,0 +1,233 @@
+// Decode attention for bf16/half caches, one KV head at a time (included by
+// paged_attention_decode.cpp, which keeps the float32 path).
+//
+// A tile of kG query heads of one GQA group runs over the sequence's tokens with
+// its query and output accumulators in registers: kG x kChunks vectors (at most
+// 16). Walking every KV head per token instead kept all heads' accumulators in
+// memory, a load and a store per FMA: on a Zen 5, 32 sequences of 32-160 tokens,
+// 9/3 heads of 64, KV in cache, 73 us per layer. Each KV head reads its own 128
+// bytes of every token row, so K and V still stream once per step in all.
+//
+// Same arithmetic, in the same order, as the token-major loop it replaced: q . k
+// in bf16 pairs (AVX512-BF16) or in float32, scores summed 16 tokens at a time by
+// sum16, out = sum_t p_t v_t in token order.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "vec16.h"
+
+namespace {
+
+#ifdef __AVX512BF16__
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+// Blocks are scattered, and the hardware prefetcher stops at page boundaries:
+// while reading row i of one block, ask for row i of the block kAhead blocks on.
+// KV cold in DRAM, as in a real step (30 layers of 32 x 96 tokens, blocks of 8,
+// on a Zen 5): a head's 128 bytes per row 4 blocks ahead, 110 us per layer (2
+// ahead: 130; whole rows 2 ahead for the first head, the rest from L2: 167).
+// Whole rows (the float32 path): 2 ahead, 124-150 us on a Xeon (1: 139-162,
+// 4: 161-172).
+constexpr int64_t kHeadPrefetchBlocks = 4, kRowPrefetchBlocks = 2;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* row, int64_t row_elems) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = row_elems * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
+// A cascade's prefix half for one sequence (out == nullptr: none): its rows in
+// attention_over_prefix's [kv head][seq * group + g] layout.
+struct Prefix {
+  const float* out = nullptr;
+  const float* lse = nullptr;
+  int64_t seq = 0, rows = 0;  // this sequence, and rows per kv head (num_seqs * group)
+  int64_t row(int head, int group) const { return (head / group) * rows + seq * group + head % group; }
+};
+
+// Where one sequence's tokens lie in the paged cache.
+struct SeqLayout {
+  const int32_t* table;
+  int64_t first, len;  // tokens [first, len) are attended
+  int64_t block_size, block_stride, token_stride;
+};
+
+// For each token t in [first, len), in order: fn(row of t in `base`, t). Rows
+// of the block kAhead blocks on are prefetched (elements [col, col + width)),
+// and so are the first blocks' rows, which nothing reads ahead of.
+template <int64_t kAhead, typename scalar_t, typename Fn>
+inline void for_each_token(const scalar_t* base, const SeqLayout& s, int64_t col, int64_t width, Fn&& fn) {
+  const int64_t first_block = s.first / s.block_size;
+  for (int64_t b = first_block; b < first_block + kAhead && b * s.block_size < s.len; ++b)
+    for (int64_t r = 0; r < s.block_size; ++r)
+      prefetch_row(base + s.table[b] * s.block_stride + r * s.token_stride + col, width);
+  for (int64_t t = s.first; t < s.len;) {
+    const int64_t block = t / s.block_size, block_end = std::min(s.len, (block + 1) * s.block_size);
+    const int64_t in_block = (t % s.block_size) * s.token_stride + col;
+    const scalar_t* row = base + s.table[block] * s.block_stride + in_block;
+    const int64_t ahead = block + kAhead;
+    const scalar_t* next = ahead * s.block_size < s.len ? base + s.table[ahead] * s.block_stride + in_block : nullptr;
+    for (; t < block_end; ++t, row += s.token_stride) {
+      if (next != nullptr) {
+        prefetch_row(next, width);
+        next += s.token_stride;
+      }
+      fn(row, t);
+    }
+  }
+}
+
+// Query heads head0 .. head0 + kG - 1 (all of KV head h) of one sequence.
+// q_row/o_row: the sequence's [num_heads, head_dim] rows; scores: kG x span floats.
+template <typename scalar_t, int kChunks, int kG>
+void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base, const SeqLayout& s,
+                      int h, int head0, int group, float scale, const Prefix& prefix, float* scores,
+                      scalar_t* o_row) {
+  constexpr int kDim = kChunks * kLanes;
+  constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
+  const int64_t span = s.len - s.first, col = h * kDim;
+
+  // Pass 1: scores[i, t] = q_i . k_t. Dot vectors of 16 tokens collect in `dots`;
+  // one transposing reduction (sum16) turns them into 16 scores.
+  vec16 q[kG][kChunks];
+  for (int i = 0; i < kG; ++i)
+    for (int c = 0; c < kChunks; ++c) q[i][c] = load(q_row + (head0 + i) * kDim + c * kLanes) * scale;
+  vec16 dots[kG][kLanes];
+  int64_t pending = 0;
+  // With pair dots the scale comes after: q . k in bf16 pairs straight from the
+  // rows (exact products, float32 sums).
+  const float dot_scale = kPairDots ? scale : 1.f;
+  auto flush = [&](int64_t t_end) {
+    const int64_t offset = t_end - pending - s.first;
+    for (int i = 0; i < kG; ++i) {
+      float* out = scores + i * span + offset;
+      if (pending == kLanes) {
+        sum16_store(dots[i], dot_scale, out);
+      } else {
+        for (int64_t j = 0; j < pending; ++j) out[j] = sum(dots[i][j]) * dot_scale;
+      }
+    }
+    pending = 0;
+  };
+#ifdef __AVX512BF16__
+  __m512bh qb[kG][kChunks / 2 + 1];
+  if constexpr (kPairDots)
+    for (int i = 0; i < kG; ++i)
+      for (int c = 0; c < kChunks / 2; ++c)
+        qb[i][c] = (__m512bh)_mm512_loadu_si512(q_row + (head0 + i) * kDim + c * 32);
+#endif
+  for_each_token<kHeadPrefetchBlocks>(k_base, s, col, kDim, [&](const scalar_t* k, int64_t t) {
+    if constexpr (kPairDots) {
+#ifdef __AVX512BF16__
+      __m512bh kb[kChunks / 2];
+      for (int c = 0; c < kChunks / 2; ++c) kb[c] = (__m512bh)_mm512_loadu_si512(k + c * 32);
+      for (int i = 0; i < kG; ++i) {
+        __m512 d = _mm512_setzero_ps();
+        for (int c = 0; c < kChunks / 2; ++c) d = _mm512_dpbf16_ps(d, qb[i][c], kb[c]);
+        dots[i][pending] = reinterpret_cast<vec16>(d);
+      }
+#endif
+    } else {
+      vec16 kv[kChunks];
+      for (int c = 0; c < kChunks; ++c) kv[c] = load(k + c * kLanes);
+      for (int i = 0; i < kG; ++i) {
+        vec16 dot = q[i][0] * kv[0];
+        for (int c = 1; c < kChunks; ++c) dot += q[i][c] * kv[c];
+        dots[i][pending] = dot;
+      }
+    }
+    if (++pending == kLanes) flush(t + 1);
+  });
+  if (pending > 0) flush(s.len);
+
+  // Softmax per head, normalised at the end, where a cascade's prefix half joins:
+  // weights[i] for this part's sums, prefix_weights[i] for the prefix's.
+  float weights[kG], prefix_weights[kG];
+  for (int i = 0; i < kG; ++i) {
+    float* sc = scores + i * span;
+    const float m = max_of(sc, span);
+    vnative totals = {};
+    int64_t j = 0;
+    for (; j + kNativeLanes <= span; j += kNativeLanes) {
+      const vnative e = exp_native(load_native(sc + j) - m);
+      store_native(sc + j, e);
+      totals += e;
+    }
+    float total = sum_native(totals);
+    for (; j < span; ++j) {
+      sc[j] = std::exp(sc[j] - m);
+      total += sc[j];
+    }
+    prefix_weights[i] = 0.f;
+    if (prefix.out == nullptr) {
+      weights[i] = 1.f / total;
+      continue;
+    }
+    // Both halves as exp(lse - top): this one's sums carry exp(m).
+    const float lse_p = prefix.lse[prefix.row(head0 + i, group)];
+    const float top = std::max(m, lse_p);
+    const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
+    const float inv = 1.f / (total * w_s + w_p);
+    weights[i] = w_s * inv;
+    prefix_weights[i] = w_p * inv;
+  }
+
+  // Pass 2: out_i = sum_t p[i, t] v_t, accumulated in registers.
+  vec16 acc[kG][kChunks] = {};
+  for_each_token<kHeadPrefetchBlocks>(v_base, s, col, kDim, [&](const scalar_t* v, int64_t t) {
+    vec16 vv[kChunks];
+    for (int c = 0; c < kChunks; ++c) vv[c] = load(v + c * kLanes);
+    for (int i = 0; i < kG; ++i) {
+      const float p = scores[i * span + (t - s.first)];
+      for (int c = 0; c < kChunks; ++c) acc[i][c] += p * vv[c];
+    }
+  });
+  for (int i = 0; i < kG; ++i) {
+    const int head = head0 + i;
+    const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kDim : nullptr;
+    for (int c = 0; c < kChunks; ++c)
+      for (int l = 0; l < kLanes; ++l) {
+        float o = acc[i][c][l] * weights[i];
+        if (p != nullptr) o += p[c * kLanes + l] * prefix_weights[i];
+        o_row[head * kDim + c * kLanes + l] = static_cast<scalar_t>(o);
+      }
+  }
+}
+
+// Query heads per tile: their accumulators and queries fit the 32 registers.
+template <int kChunks>
+constexpr int kMaxTile = std::max(1, std::min(4, 16 / kChunks));
+
+// Every query head of one sequence, KV head by KV head, tiles of up to kMaxTile.
+template <typename scalar_t, int kChunks>
+void decode_sequence_by_head(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
+                             const SeqLayout& s, int num_kv_heads, int group, float scale, const Prefix& prefix,
+                             std::vector<float>& scores, scalar_t* o_row) {
+  constexpr int kTile = kMaxTile<kChunks>;
+  scores.resize(static_cast<size_t>(kTile) * (s.len - s.first));
+  for (int h = 0; h < num_kv_heads; ++h)
+    for (int g = 0; g < group;) {
+      const int n = std::min(kTile, group - g), head0 = h * group + g;
+      switch (n) {
+#define PAGODA_TILE(r)                                                                                        \
+  case r:                                                                                                     \
+    if constexpr (r <= kTile)                                                                                 \
+      attend_head_tile<scalar_t, kChunks, r>(q_row, k_base, v_base, s, h, head0, group, scale, prefix,        \
+                                             scores.data(), o_row);                                           \
+    break;
+        PAGODA_TILE(1) PAGODA_TILE(2) PAGODA_TILE(3) PAGODA_TILE(4)
+#undef PAGODA_TILE
+      }
+      g += n;
+    }
+}
+
+}  // namespace
