@@ -62,6 +62,14 @@ class CPUAttentionBackend(AttentionBackend):
         self.kernels = load_cpu_kernels()
         self.reference = TorchReferenceBackend()
         self.prefill_kernel = env.cpu_prefill_kernel()
+        self._supported: dict[tuple[int, int, int], bool] = {}
+
+    def _supports(self, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+        """Whether the kernels take this head shape; asked once per shape, not per layer call."""
+        shape = (num_heads, num_kv_heads, head_dim)
+        if shape not in self._supported:
+            self._supported[shape] = self.kernels is not None and self.kernels.supports(*shape)
+        return self._supported[shape]
 
     def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
         starts = metadata.query_start_loc
@@ -91,9 +99,7 @@ class CPUAttentionBackend(AttentionBackend):
         )
 
     def forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
-        if self.kernels is None or not self.kernels.supports(
-            query.shape[1], key.shape[1], query.shape[2]
-        ):
+        if not self._supports(query.shape[1], key.shape[1], query.shape[2]):
             return self.reference.forward(
                 query, key, value, key_cache, value_cache, metadata, scale, sliding_window
             )
