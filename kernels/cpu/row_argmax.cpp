@@ -7,12 +7,14 @@
 // stride through the row; the lanes then settle by value, ties to the lower
 // index. A row with a NaN returns the first NaN's index, as torch does.
 //
-// Shapes: x [rows, n] float32 (rows contiguous) -> [rows] int64.
+// Shapes: x [rows, n] float32 or bf16 (rows contiguous) -> [rows] int64.
 // The plain twin is worker/sample/sampler.py's row_argmax fallback.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "vec16.h"
 
@@ -54,15 +56,31 @@ int64_t first_max(const float* x, int64_t n) {
 }  // namespace
 
 torch::Tensor row_argmax(const torch::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.dim() == 2 && x.stride(1) == 1, "row_argmax takes float32 rows");
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || x.scalar_type() == torch::kFloat) && x.dim() == 2 && x.stride(1) == 1,
+              "row_argmax takes float32 or bf16 rows");
   TORCH_CHECK(x.size(1) > 0, "row_argmax: empty rows");
   const int64_t rows = x.size(0), n = x.size(1), stride = x.stride(0);
   auto out = torch::empty({rows}, x.options().dtype(torch::kLong));
-  const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    // bf16 rows are widened one at a time (exactly) into a buffer that stays in
+    // L2: cheaper than the caller's float32 copy of the whole [rows, n] block.
+    std::vector<float> widened(bf16 ? n : 0);
     for (int64_t r = begin; r < end; ++r) {
-      const float* row = xp + r * stride;
+      const float* row;
+      if (bf16) {
+        const at::BFloat16* src = x.data_ptr<at::BFloat16>() + r * stride;
+        int64_t i = 0;
+        for (; i + kLanes <= n; i += kLanes) {
+          const vec16 v = load(src + i);
+          std::memcpy(widened.data() + i, &v, sizeof(v));
+        }
+        for (; i < n; ++i) widened[i] = static_cast<float>(src[i]);
+        row = widened.data();
+      } else {
+        row = x.data_ptr<float>() + r * stride;
+      }
       int64_t index = first_max(row, n);
       if (index < 0)
         for (index = 0; !std::isnan(row[index]); ++index) {

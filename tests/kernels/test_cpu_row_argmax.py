@@ -1,4 +1,4 @@
-"""The greedy pick's kernel: each float32 row's first maximum, as torch's argmax."""
+"""The greedy pick's kernel: each float32 or bf16 row's first maximum, as torch's argmax."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels did not
 def test_random_rows_match_torch(n):
     x = torch.randn(37, n, generator=torch.Generator().manual_seed(n))
     assert torch.equal(kernels.row_argmax(x), x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("n", [1, 17, 49152])
+def test_bf16_rows_match_their_float32_copy(n):
+    # bf16 has few distinct values: many rows tie, and the first maximum must win.
+    x = torch.randn(9, n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    x[1, n // 2] = float("nan")
+    assert torch.equal(kernels.row_argmax(x), kernels.row_argmax(x.float()))
+    assert torch.equal(kernels.row_argmax(x), x.float().max(dim=-1).indices)
 
 
 def test_ties_go_to_the_first_index():
@@ -43,7 +52,7 @@ def test_strided_rows_and_the_sampler_entry():
 
 
 def test_other_inputs_are_refused():
-    with pytest.raises(RuntimeError, match="float32 rows"):
-        kernels.row_argmax(torch.zeros(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="float32 or bf16 rows"):
+        kernels.row_argmax(torch.zeros(2, 8, dtype=torch.float16))
     with pytest.raises(RuntimeError, match="empty rows"):
         kernels.row_argmax(torch.zeros(2, 0))

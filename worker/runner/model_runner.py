@@ -109,7 +109,8 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, result: ModelRunnerOutput) -> None:
         states = [self.requests[r] for r in inputs.sample_req_ids]
         # [num_sample, vocab_size]
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
+        # In the model's dtype: the sampler widens to float32 where it needs to.
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
         meta = build_sampling_metadata(
             states, self.spec.vocab_size, self.spec.eos_token_ids, self.device
         )

@@ -80,10 +80,11 @@ def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """Index of each row's first maximum, as argmax(dim=-1) gives it (a NaN wins).
-    On CPU float32 the C++ kernel spreads rows over the threads
+    On CPU float32 or bf16 the C++ kernel spreads rows over the threads
     (kernels/cpu/row_argmax.cpp); the twin, torch's max(dim), is 3-4x faster than
     its argmax (3.2 ms vs 1.0 ms for 64 x 49152 fp32)."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0:
+    cpu_dtypes = (torch.float32, torch.bfloat16)
+    if x.device.type == "cpu" and x.dtype in cpu_dtypes and x.dim() == 2 and x.shape[1] > 0:
         kernels = load_cpu_kernels()
         if kernels is not None:
             return kernels.row_argmax(x if x.stride(1) == 1 else x.contiguous())
@@ -95,7 +96,12 @@ class Sampler:
         self.generator = generator  # for rows without a seed
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        """logits: [num_seqs, vocab_size] float32."""
+        """logits: [num_seqs, vocab_size], float32 or the model's dtype."""
+        if meta.all_greedy and meta.max_num_logprobs is None and not self._adjusts(meta):
+            # Plain greedy: widening to float32 is exact, so the argmax is the same
+            # without the float32 copy (6 MB for 32 x 49152 logits, ~0.25 ms a step).
+            return SamplerOutput(token_ids=row_argmax(logits))
+        logits = logits.float()
         out = SamplerOutput(token_ids=torch.empty(0))
         if meta.max_num_logprobs is not None:
             self._add_logprobs(out, torch.log_softmax(logits, dim=-1), meta.max_num_logprobs)
@@ -108,6 +114,11 @@ class Sampler:
         if out.sampled_logprobs is not None:
             self._fill_sampled_logprobs(out)
         return out
+
+    @staticmethod
+    def _adjusts(meta: SamplingMetadata) -> bool:
+        """Whether adjust_logits changes any row."""
+        return meta.logit_bias is not None or meta.repetition is not None
 
     @staticmethod
     def adjust_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

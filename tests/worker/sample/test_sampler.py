@@ -51,6 +51,20 @@ def test_greedy_is_argmax():
     assert out.token_ids.tolist() == [1]
 
 
+def test_greedy_takes_the_models_dtype():
+    # Plain greedy rows skip the float32 copy; the pick is the same.
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    states = [state(i, SamplingParams(temperature=0)) for i in range(5)]
+    out = sample(logits, states)
+    assert out.token_ids.tolist() == logits.float().argmax(dim=-1).tolist()
+
+
+def test_greedy_with_a_logit_bias_still_applies_it_on_bf16_logits():
+    params = SamplingParams(temperature=0, logit_bias={6: 5.0})
+    out = sample(LOGITS.to(torch.bfloat16), [state(0, params)])
+    assert out.token_ids.tolist() == [6]  # 1.0 + 5.0 beats token 1's 2.0
+
+
 @pytest.mark.parametrize(
     "params",
     [
