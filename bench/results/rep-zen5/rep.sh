@@ -2,7 +2,7 @@
 # Repeated bracket: Pagoda x2, vLLM x3 (one process), Pagoda x2, on all five workloads.
 set -eu
 cd /work/main
-M=/work/models/smollm2-135m-random; W=/work/run/final/workloads; OUT=/work/run/rep5
+M=/work/models/smollm2-135m-random; W=/work/run/final2/workloads; OUT=/work/run/rep6
 WL=(mixed decode prefill shared-prefix chat)
 pagoda() { for r in 1 2; do for w in "${WL[@]}"; do
   python -m shared.cli bench offline --model $M --workload $W/$w.json --max-num-batched-tokens 4096 --output $OUT/$1.jsonl >/dev/null 2>&1; done; done; }
