@@ -12,6 +12,7 @@ drain_and_stop()  health NOT_SERVING, refuse new requests -> wait for in-flight 
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -105,7 +106,15 @@ class WorkerServer:
 
         use_redis = self.config.redis_url is not None
         record = use_redis and self.engine_config.cache.enable_prefix_caching
-        engine = await asyncio.to_thread(LLMEngine, self.engine_config, record_kv_events=record)
+        self.engine_loop = EngineLoop(
+            functools.partial(LLMEngine, self.engine_config, record_kv_events=record),
+            loop,
+            self._deliver,
+            self.load,
+            self.config.max_waiting,
+        )
+        self.engine_loop.start()  # builds the engine on its own thread (engine_loop.py)
+        engine = await asyncio.wrap_future(self.engine_loop.ready)
         self.engine = engine
         self.identity = resolve_identity(self.config, self.port, epoch=now_ms())
         info = worker_info(engine, self.identity, started_at_ms=self.identity.epoch)
@@ -117,16 +126,9 @@ class WorkerServer:
                 self.load.snapshot,
                 self.config.heartbeat_ttl,
             )
-        self.engine_loop = EngineLoop(
-            engine,
-            loop,
-            self._deliver,
-            self.load,
-            self.config.max_waiting,
-            on_kv_events=self.publisher.submit if self.publisher else None,
-        )
+        # Before any request can reach the engine (the hub is not attached yet).
+        self.engine_loop.on_kv_events = self.publisher.submit if self.publisher else None
         self.hub.attach(engine, self.engine_loop)
-        self.engine_loop.start()
         stats = await asyncio.wrap_future(self.engine_loop.call(warm_up))
         self.load.record_step(stats, 0, 0)
         self._model_info = model_info(engine, info, self.config.max_waiting)
