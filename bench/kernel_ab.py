@@ -1,0 +1,123 @@
+"""A/B two versions of the CPU kernels in one process, calls interleaved.
+
+    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,decode,prefill,cascade} [--reps N]
+
+OLD_DIR and NEW_DIR each hold a copy of kernels/cpu (e.g. `git show HEAD:...` into
+one, the working tree's files into the other). Both are built as separately named
+extensions and called alternately on the same inputs, so a host whose speed drifts
+by 15% between processes (both machines of issue 5 did) drifts for both alike. It
+prints the largest difference of their outputs, then best and median times of
+each and NEW/OLD. The shapes are SmolLM2-135M's (hidden 576, 9/3 heads of 64,
+blocks of 8): one layer's linears or decode attention at 32 sequences (96 tokens
+each), a 4 x 1024-token prefill, or 32 decode rows over a 512-token shared prefix.
+One layer's data stays in cache between calls, so a change whose gain is in
+streaming weights or KV from DRAM needs a cold-cache benchmark instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kernels.cpu import _FLAGS, _SOURCES
+
+
+def build(folder: Path, name: str):
+    from torch.utils.cpp_extension import load
+
+    out = Path("/tmp") / f"pagoda_kernel_ab_{name}"
+    out.mkdir(exist_ok=True)
+    sources = [str(folder / s.name) for s in _SOURCES]
+    return load(
+        name=name,
+        sources=sources,
+        extra_cflags=_FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(out),
+        verbose=False,
+    )
+
+
+def case(kind: str):
+    """(call(module) -> output tensor) for one kernel on fixed random inputs."""
+    gen = torch.Generator().manual_seed(0)
+    bf16 = torch.bfloat16
+    heads, kv_heads, dim, block = 9, 3, 64, 8
+    if kind == "linear":  # gate/up + SiLU, then down, at 32 rows
+        x = torch.randn(32, 576, generator=gen).to(bf16)
+        gate_up = torch.randn(3072, 576, generator=gen).to(bf16)
+        down = torch.randn(576, 1536, generator=gen).to(bf16)
+        packed: dict[int, tuple] = {}
+
+        def linear(k):
+            if id(k) not in packed:
+                packed[id(k)] = (k.pack_bf16_panels(gate_up), k.pack_bf16_panels(down))
+            up, dn = packed[id(k)]
+            return k.bf16_panel_linear(k.bf16_panel_linear_silu(x, up, None), dn, None)
+
+        return linear
+    seqs, length, new = {"decode": (32, 96, 1), "prefill": (4, 1024, 1024)}.get(kind, (32, 512, 1))
+    num_blocks = seqs * (-(-length // block)) + 4
+    k_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(bf16)
+    v_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(bf16)
+    tables = torch.randperm(num_blocks, generator=gen)[: num_blocks - 4].int().view(seqs, -1)
+    query = torch.randn(seqs * new, heads, dim, generator=gen).to(bf16)
+    lens = torch.full((seqs,), length, dtype=torch.int32)
+    rows = torch.arange(seqs, dtype=torch.int64)
+    out = torch.empty_like(query)
+    if kind == "decode":
+        return lambda k: (
+            k.paged_attention_decode(
+                query, k_cache, v_cache, tables, lens, rows, out, 0.125, 0, 0, None, None
+            ),
+            out,
+        )[1]
+    if kind == "prefill":
+        ranges = torch.tensor([[i * new, (i + 1) * new] for i in range(seqs)], dtype=torch.int64)
+        return lambda k: (
+            k.paged_attention_prefill(query, k_cache, v_cache, tables, lens, ranges, out, 0.125, 0),
+            out,
+        )[1]
+    prefix_out = torch.empty(kv_heads, seqs * heads // kv_heads, dim)
+    prefix_lse = torch.empty(kv_heads, seqs * heads // kv_heads)
+    return lambda k: (
+        k.attention_over_prefix(
+            query, k_cache, v_cache, tables[0], length, rows, prefix_out, prefix_lse, 0.125
+        ),
+        prefix_out,
+    )[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("kind", choices=["linear", "decode", "prefill", "cascade"])
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    old, new = build(args.old, "pagoda_ab_old"), build(args.new, "pagoda_ab_new")
+    call = case(args.kind)
+    diff = (call(old).float() - call(new).float()).abs().max().item()
+    print(f"max |old - new| = {diff}")
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for rep in range(args.reps):
+        order = [("old", old), ("new", new)] if rep % 2 == 0 else [("new", new), ("old", old)]
+        for name, module in order:
+            start = time.perf_counter()
+            call(module)
+            times[name].append(time.perf_counter() - start)
+    best = {n: min(t) for n, t in times.items()}
+    median = {n: statistics.median(t) for n, t in times.items()}
+    print(
+        f"old best {best['old'] * 1e3:.3f} median {median['old'] * 1e3:.3f} ms | "
+        f"new best {best['new'] * 1e3:.3f} median {median['new'] * 1e3:.3f} ms | "
+        f"new/old best {best['new'] / best['old']:.3f} median {median['new'] / median['old']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
