@@ -60,6 +60,51 @@ struct SeqLayout {
   int64_t block_size, block_stride, token_stride;
 };
 
+// How a query head's part of the output and a cascade prefix's part combine:
+// out = acc * self + prefix_out * prefix (prefix 0 without a cascade).
+struct PartWeights {
+  float self, prefix;
+};
+
+// One query head's scores [span], in place: exp(s - max). The softmax is
+// normalised at the end, where a cascade's prefix half joins by log-sum-exp.
+inline PartWeights softmax_in_place(float* sc, int64_t span, const Prefix& prefix, int head, int group) {
+  const float m = max_of(sc, span);
+  vnative totals = {};
+  int64_t j = 0;
+  for (; j + kNativeLanes <= span; j += kNativeLanes) {
+    const vnative e = exp_native(load_native(sc + j) - m);
+    store_native(sc + j, e);
+    totals += e;
+  }
+  float total = sum_native(totals);
+  for (; j < span; ++j) {
+    sc[j] = std::exp(sc[j] - m);
+    total += sc[j];
+  }
+  if (prefix.out == nullptr) return {1.f / total, 0.f};
+  // Both halves as exp(lse - top): this one's sums carry exp(m).
+  const float lse_p = prefix.lse[prefix.row(head, group)];
+  const float top = std::max(m, lse_p);
+  const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
+  const float inv = 1.f / (total * w_s + w_p);
+  return {w_s * inv, w_p * inv};
+}
+
+// A query head's output row (kChunks x 16 of o_row's head) from its accumulators.
+template <typename scalar_t, int kChunks>
+inline void store_head(const vec16* acc, PartWeights w, const Prefix& prefix, int head, int group,
+                       scalar_t* o_row) {
+  constexpr int kDim = kChunks * kLanes;
+  const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kDim : nullptr;
+  for (int c = 0; c < kChunks; ++c)
+    for (int l = 0; l < kLanes; ++l) {
+      float o = acc[c][l] * w.self;
+      if (p != nullptr) o += p[c * kLanes + l] * w.prefix;
+      o_row[head * kDim + c * kLanes + l] = static_cast<scalar_t>(o);
+    }
+}
+
 // For each token t in [first, len), in order: fn(row of t in `base`, t). Rows
 // of the block kAhead blocks on are prefetched (elements [col, col + width)),
 // and so are the first blocks' rows, which nothing reads ahead of.
@@ -148,37 +193,8 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
   });
   if (pending > 0) flush(s.len);
 
-  // Softmax per head, normalised at the end, where a cascade's prefix half joins:
-  // weights[i] for this part's sums, prefix_weights[i] for the prefix's.
-  float weights[kG], prefix_weights[kG];
-  for (int i = 0; i < kG; ++i) {
-    float* sc = scores + i * span;
-    const float m = max_of(sc, span);
-    vnative totals = {};
-    int64_t j = 0;
-    for (; j + kNativeLanes <= span; j += kNativeLanes) {
-      const vnative e = exp_native(load_native(sc + j) - m);
-      store_native(sc + j, e);
-      totals += e;
-    }
-    float total = sum_native(totals);
-    for (; j < span; ++j) {
-      sc[j] = std::exp(sc[j] - m);
-      total += sc[j];
-    }
-    prefix_weights[i] = 0.f;
-    if (prefix.out == nullptr) {
-      weights[i] = 1.f / total;
-      continue;
-    }
-    // Both halves as exp(lse - top): this one's sums carry exp(m).
-    const float lse_p = prefix.lse[prefix.row(head0 + i, group)];
-    const float top = std::max(m, lse_p);
-    const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
-    const float inv = 1.f / (total * w_s + w_p);
-    weights[i] = w_s * inv;
-    prefix_weights[i] = w_p * inv;
-  }
+  PartWeights weights[kG];
+  for (int i = 0; i < kG; ++i) weights[i] = softmax_in_place(scores + i * span, span, prefix, head0 + i, group);
 
   // Pass 2: out_i = sum_t p[i, t] v_t, accumulated in registers.
   vec16 acc[kG][kChunks] = {};
@@ -190,16 +206,7 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
       for (int c = 0; c < kChunks; ++c) acc[i][c] += p * vv[c];
     }
   });
-  for (int i = 0; i < kG; ++i) {
-    const int head = head0 + i;
-    const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kDim : nullptr;
-    for (int c = 0; c < kChunks; ++c)
-      for (int l = 0; l < kLanes; ++l) {
-        float o = acc[i][c][l] * weights[i];
-        if (p != nullptr) o += p[c * kLanes + l] * prefix_weights[i];
-        o_row[head * kDim + c * kLanes + l] = static_cast<scalar_t>(o);
-      }
-  }
+  for (int i = 0; i < kG; ++i) store_head<scalar_t, kChunks>(acc[i], weights[i], prefix, head0 + i, group, o_row);
 }
 
 // Query heads per tile: their accumulators and queries fit the 32 registers.

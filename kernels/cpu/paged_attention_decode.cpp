@@ -117,50 +117,16 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
     if (++pending == kLanes) flush(t + 1);
   });
   if (pending > 0) flush(s.len);
-  // Softmax per query head (normalised at the end, where a cascade's prefix half
-  // joins: weights[head] for this part's sums, prefix_weights[head] for it).
-  std::vector<float> weights(num_heads), prefix_weights(num_heads, 0.f);
-  for (int head = 0; head < num_heads; ++head) {
-    float* sc = scores.data() + head * span;
-    const float m = max_of(sc, span);
-    vnative totals = {};
-    int64_t i = 0;
-    for (; i + kNativeLanes <= span; i += kNativeLanes) {
-      const vnative e = exp_native(load_native(sc + i) - m);
-      store_native(sc + i, e);
-      totals += e;
-    }
-    float total = sum_native(totals);
-    for (; i < span; ++i) {
-      sc[i] = std::exp(sc[i] - m);
-      total += sc[i];
-    }
-    if (prefix.out == nullptr) {
-      weights[head] = 1.f / total;
-      continue;
-    }
-    // Both halves as exp(lse - top): this one's sums carry exp(m).
-    const float lse_p = prefix.lse[prefix.row(head, group)];
-    const float top = std::max(m, lse_p);
-    const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
-    const float inv = 1.f / (total * w_s + w_p);
-    weights[head] = w_s * inv;
-    prefix_weights[head] = w_p * inv;
-  }
+  std::vector<PartWeights> weights(num_heads);
+  for (int head = 0; head < num_heads; ++head)
+    weights[head] = softmax_in_place(scores.data() + head * span, span, prefix, head, group);
   // Pass 2: out_head = sum_t p[head, t] v_t
   for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const float* v, int64_t t) {
     for (int h = 0; h < num_kv_heads; ++h)
       float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, reinterpret_cast<float*>(acc));
   });
-  for (int head = 0; head < num_heads; ++head) {
-    const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kChunks * kLanes : nullptr;
-    for (int c = 0; c < kChunks; ++c)
-      for (int i = 0; i < kLanes; ++i) {
-        float o = acc[head * kChunks + c][i] * weights[head];
-        if (p != nullptr) o += p[c * kLanes + i] * prefix_weights[head];
-        o_row[(head * kChunks + c) * kLanes + i] = o;
-      }
-  }
+  for (int head = 0; head < num_heads; ++head)
+    store_head<float, kChunks>(acc + head * kChunks, weights[head], prefix, head, group, o_row);
 }
 
 template <typename scalar_t, int kChunks>
