@@ -27,10 +27,14 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
         (4, 4, 16, torch.bfloat16, None),  # odd chunk count: no pair dots
     ],
 )
-def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, window):
+# 6 sequences, and 24: from 4 per thread (2 threads here) each thread reads the KV
+# of the sequence it claimed next while attending the one before.
+@pytest.mark.parametrize(
+    "seq_lens", [[1, 5, 16, 17, 100, 33], [1 + (i * 37) % 120 for i in range(24)]], ids=["6", "24"]
+)
+def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, window, seq_lens):
     torch.manual_seed(0)
-    block_size, num_blocks = 16, 64
-    seq_lens = [1, 5, 16, 17, 100, 33]
+    block_size, num_blocks = 16, 8 * len(seq_lens) + 16
     key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
     perm = torch.randperm(num_blocks).tolist()
@@ -38,9 +42,10 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
     for i, n in enumerate(seq_lens):
         blocks = [perm.pop() for _ in range(-(-n // block_size))]
         block_tables[i, : len(blocks)] = torch.tensor(blocks)
-    # Decode rows sit among other rows: rows 1, 3, 4, ... of a 12-row batch.
-    rows = torch.tensor([1, 3, 4, 7, 9, 11])
-    query = torch.randn(12, num_heads, head_dim).to(dtype)
+    # Decode rows sit among other rows: rows 1, 3, 4, 7, ... of a batch twice as long.
+    num_rows = 2 * len(seq_lens)
+    rows = torch.tensor([2 * i + (0 if i % 3 == 2 else 1) for i in range(len(seq_lens))])
+    query = torch.randn(num_rows, num_heads, head_dim).to(dtype)
     out = torch.zeros_like(query)
     scale = head_dim**-0.5
     kernels.paged_attention_decode(
@@ -66,7 +71,7 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
     )
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out[rows], expected, atol=tolerance, rtol=tolerance)
-    untouched = torch.ones(12, dtype=torch.bool)
+    untouched = torch.ones(num_rows, dtype=torch.bool)
     untouched[rows] = False
     assert out[untouched].abs().sum() == 0
 
