@@ -160,7 +160,11 @@ class DeviceConfig:
         default=None, metadata={"help": "Threads for CPU compute (default: all cores)."}
     )
     enforce_eager: bool = field(
-        default=False, metadata={"help": "Run plain eager PyTorch: no compiled step."}
+        default=False,
+        metadata={
+            "help": "Accepted as vLLM spells it; changes nothing yet. Pagoda's step always "
+            "runs eagerly (fused work is in its kernels): no compiled or CUDA graph to turn off."
+        },
     )
     attention_backend: str | None = field(
         default=None, metadata={"help": "Attention backend by name (default: best for device)."}
