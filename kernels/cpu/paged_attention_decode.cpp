@@ -167,7 +167,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   // Token rows of K and V one sequence's walk reads per token.
   const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
   // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
-  // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.1-1.2x).
+  // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
   const int64_t threads = std::min<int64_t>(num_seqs, at::get_num_threads());
   const bool read_ahead = num_seqs >= 4 * threads;
   std::atomic<int64_t> next{0};
