@@ -42,9 +42,10 @@ def test_buffers_are_reused_without_page_faults():
     # all of them 180,000 or more. (Untuned glibc sometimes gets this right too,
     # through its sliding mmap threshold, and sometimes not: 0 to 9,000 here, so
     # only the tuned run is asserted.) Right after heavy runs the host sometimes
-    # takes one 12 MB buffer's pages back once (3,072 faults in 1 of 4 probes on a
-    # Zen 5, 0 in 28 later): one such refault is allowed, a second is not.
-    assert tuned["faults"] < 4000, tuned
+    # takes some pages back once (3,072 faults in 1 of 4 probes on a Zen 5, 0 in 28
+    # later; 4,716 once in a full suite on a Zen 4, 0 in 6 alone): up to one 25 MB
+    # buffer's worth (6,144) is allowed, still 30x below buffers mapped anew.
+    assert tuned["faults"] < 6144, tuned
 
 
 def test_tuning_can_be_turned_off():
