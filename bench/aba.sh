@@ -5,6 +5,9 @@
 # memory bandwidth 21 vs 28 GB/s twenty minutes apart), and run_all.sh puts ten
 # minutes of other runs between the two engines. Bracketing vLLM with two Pagoda
 # passes shows the drift: compare vLLM with both passes, not with one.
+# PAGODA_REPEAT runs each Pagoda pass that many times (a fresh process per run),
+# VLLM_REPEAT runs vLLM's pass that many times in its one process; with repeats,
+# ABA.md compares best with best and median with median.
 # Writes OUT/pagoda_a.jsonl, OUT/vllm.jsonl, OUT/pagoda_b.jsonl and OUT/ABA.md.
 set -euo pipefail
 MODEL=${1:?usage: bench/aba.sh MODEL_DIR [OUT_DIR]}
@@ -20,16 +23,20 @@ done
 files=("${WORKLOADS[@]/#/$OUT/workloads/}")
 files=("${files[@]/%/.json}")
 pagoda_pass() {
-  for f in "${files[@]}"; do
-    "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" --output "$OUT/$1.jsonl"
+  for _ in $(seq "${PAGODA_REPEAT:-1}"); do
+    for f in "${files[@]}"; do
+      "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" --output "$OUT/$1.jsonl"
+    done
   done
 }
 pagoda_pass pagoda_a
 # vLLM computes in the dtype Pagoda chose here (bf16 where the CPU has fast
 # bf16, float32 elsewhere); VLLM_DTYPE overrides it.
 DTYPE=${VLLM_DTYPE:-$(python -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["dtype"])' "$OUT/pagoda_a.jsonl")}
+vllm_files=()
+for _ in $(seq "${VLLM_REPEAT:-1}"); do vllm_files+=("${files[@]}"); done
 "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype "$DTYPE" "${BUDGET[@]}" \
-  --workload "${files[@]}" --output "$OUT/vllm.jsonl"
+  --workload "${vllm_files[@]}" --output "$OUT/vllm.jsonl"
 pagoda_pass pagoda_b
 python -m bench.aba_table "$OUT/pagoda_a.jsonl" "$OUT/vllm.jsonl" "$OUT/pagoda_b.jsonl" >"$OUT/ABA.md"
 cat "$OUT/ABA.md"

