@@ -37,20 +37,45 @@ struct Layout {
   int64_t chunk_elems;  // packed bf16 per 32-key chunk, of K and of V each
 };
 
+// In-register transpose of 16 rows of 16 words: r[j] lane e -> r[e] lane j.
+// Four rounds of 16 shuffles: 32-bit and 64-bit interleaves within 128-bit lanes
+// (b[4i + m] lane L then holds rows 4i..4i+3 of column 4L + m), then a 4 x 4
+// transpose of 128-bit lanes per m.
+inline void transpose_16x16_words(__m512i r[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i x0 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0x44), x1 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0x44);
+    const __m512i x3 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0xEE);
+    r[m] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    r[4 + m] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    r[8 + m] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+}
+
 // Pack chunks [c0, c1) of one (sequence, kv head)'s first `len` keys, zero past
 // len: K rows contiguous ([chunk][32 keys][head_dim], an A tile of 16 keys x 32
 // dims at a row stride of head_dim), V transposed ([chunk][head_dim / 16][16
-// dims][32 keys], an A tile of 16 dims x 32 keys).
-// V goes a key pair at a time: 16 dims of both rows as (key j, key j + 1) words,
-// scattered to their dims' rows (the element-wise transpose was most of a
-// cascade's fixed cost: 512 prefix tokens, 3 KV heads, 42 us at one decode row).
+// dims][32 keys], an A tile of 16 dims x 32 keys). head_dim is a multiple of 64.
+// Per 16 dims, the 16 key pairs' (key 2j, key 2j + 1) words are transposed in
+// registers into the 16 dims' rows: vpscatterdd stores did the same and were 88%
+// of a cascade's packing on a Zen 4 (512 prefix tokens, 3 KV heads: ~50 us).
 void pack_context(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table, int64_t len,
                   int64_t kv_head, const Layout& lay, uint16_t* k_out, uint16_t* v_out, int64_t c0 = 0,
                   int64_t c1 = -1) {
   const int64_t d = lay.head_dim;
   if (c1 < 0) c1 = (len + kChunk - 1) / kChunk;
-  const __m512i dim_rows = _mm512_mullo_epi32(_mm512_set1_epi32(kChunk / 2),
-                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   auto offset_of = [&](int64_t p) -> int64_t {  // key p's row of this head in the caches; -1 past len
     if (p >= len) return -1;
     const int64_t slot = static_cast<int64_t>(table[p / lay.block_size]) * lay.block_size + p % lay.block_size;
@@ -58,24 +83,26 @@ void pack_context(const uint16_t* k_cache, const uint16_t* v_cache, const int32_
   };
   for (int64_t c = c0; c < c1; ++c) {
     uint16_t* kc = k_out + c * lay.chunk_elems;
-    auto* vc = reinterpret_cast<int*>(v_out + c * lay.chunk_elems);  // [dim][16 key pairs] words
-    for (int j = 0; j < kChunk; j += 2) {
-      const int64_t off[2] = {offset_of(c * kChunk + j), offset_of(c * kChunk + j + 1)};
-      for (int i = 0; i < 2; ++i) {
-        if (off[i] < 0)
-          std::memset(kc + (j + i) * d, 0, d * 2);
-        else
-          std::memcpy(kc + (j + i) * d, k_cache + off[i], d * 2);
-      }
-      for (int64_t e = 0; e < d; e += 16) {
+    auto* vc = reinterpret_cast<__m512i*>(v_out + c * lay.chunk_elems);  // [dim][16 key pairs] words
+    int64_t off[kChunk];
+    for (int j = 0; j < kChunk; ++j) off[j] = offset_of(c * kChunk + j);
+    for (int j = 0; j < kChunk; ++j)
+      for (int64_t e = 0; e < d; e += 32)
+        _mm512_storeu_si512(kc + j * d + e,
+                            off[j] < 0 ? _mm512_setzero_si512() : _mm512_loadu_si512(k_cache + off[j] + e));
+    for (int64_t e = 0; e < d; e += 16) {
+      __m512i pairs[16];  // key pair j: 16 dims of (key 2j, key 2j + 1) words
+      for (int j = 0; j < kChunk / 2; ++j) {
         __m512i pair = _mm512_setzero_si512();
         for (int i = 0; i < 2; ++i)
-          if (off[i] >= 0) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_cache + off[i] + e));
+          if (off[2 * j + i] >= 0) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_cache + off[2 * j + i] + e));
             pair = _mm512_or_si512(pair, _mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16 * i));
           }
-        _mm512_i32scatter_epi32(vc + e * (kChunk / 2) + j / 2, dim_rows, pair, 4);
+        pairs[j] = pair;
       }
+      transpose_16x16_words(pairs);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(vc + e + i, pairs[i]);
     }
   }
 }
