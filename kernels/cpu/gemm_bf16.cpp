@@ -28,6 +28,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -281,23 +282,33 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
   // Even blocks of at most 12 rows (32 rows: 11 + 11 + 10, not 12 + 12 + 4 + 4):
   // a short block pays the same panel loads for fewer products.
   const int64_t nb = (m + kMaxRows - 1) / kMaxRows;
-  // Block j of a panel prefetches slice j of the thread's next panel into L2, so
-  // the weight stream overlaps the blocks that compute from cache. Without it
-  // the first block of each panel waited on DRAM (SmolLM2 gate/up at 32 rows,
-  // cold: 636 GFLOP/s, against 908 with the weight in cache).
+  // Block j of a unit's panel prefetches slice j of the panel the thread does
+  // next into L2, so the weight stream overlaps the blocks that compute from
+  // cache. Without it the first block of each panel waited on DRAM (SmolLM2
+  // gate/up at 32 rows, cold: 636 GFLOP/s, against 908 with the weight in cache).
+  // Units go out through an atomic counter, each thread claiming its next unit
+  // as it starts one (that is the panel it prefetches): these cores run at
+  // uneven speeds, and with static halves one waited at the end of every linear.
   const int64_t panel_lines = k * kPanel * 2 / 64, slice = (panel_lines + nb - 1) / nb;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u)
+  std::atomic<int64_t> next_unit{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t u = next_unit++; u < units;) {
+      const int64_t after = next_unit++;
       for (int64_t r = 0, j = 0; r < m; ++j) {
         const int64_t left = m - r, blocks = (left + kMaxRows - 1) / kMaxRows;
         const int rows = static_cast<int>((left + blocks - 1) / blocks);
         unit(u, r, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
-          const char* next = u + 1 < end ? reinterpret_cast<const char*>(panel + k * kPanel) : nullptr;
+          // The same half (gate or up) of the next unit.
+          const uint16_t* next = after >= units ? nullptr : panel == panel_of(u) ? panel_of(after)
+                                                                                 : panel_of(after + units);
           const int64_t first = std::min(j * slice, panel_lines), lines = std::min(slice, panel_lines - first);
-          run_block(rows, xp + r * k, k, panel, b, o, ldo, next == nullptr ? nullptr : next + 64 * first, lines);
+          run_block(rows, xp + r * k, k, panel, b, o, ldo,
+                    next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + 64 * first, lines);
         });
         r += rows;
       }
+      u = after;
+    }
   });
 #else
   (void)silu;
