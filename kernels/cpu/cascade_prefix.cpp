@@ -12,7 +12,7 @@
 // log-sum-exp (paged_attention_decode's prefix arguments).
 //
 // Shapes:
-//   query:            [num_tokens, num_heads, head_dim] bf16 or float32; decode rows
+//   query:            [num_tokens, num_heads, head_dim] bf16 or float32 (rows may be strided); decode rows
 //                     picked by query_rows
 //   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
 //   prefix_table:     [>= prefix_len / block_size] int32, the blocks every sequence starts with
@@ -40,12 +40,12 @@ namespace {
 // Each sequence's GQA group of query heads, gathered per KV head:
 // q [num_tokens, num_heads, d] rows qrows -> out [kv head][seq * group + g][d].
 template <typename T>
-void gather_group_rows(const T* q, const int64_t* qrows, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t d, T* out) {
+void gather_group_rows(const T* q, int64_t q_stride, const int64_t* qrows, int64_t num_seqs, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t d, T* out) {
   const int64_t group = num_heads / num_kv_heads, rows = num_seqs * group;
   for (int64_t h = 0; h < num_kv_heads; ++h)
     for (int64_t s = 0; s < num_seqs; ++s)
-      std::memcpy(out + (h * rows + s * group) * d, q + (qrows[s] * num_heads + h * group) * d, group * d * sizeof(T));
+      std::memcpy(out + (h * rows + s * group) * d, q + qrows[s] * q_stride + h * group * d, group * d * sizeof(T));
 }
 
 void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
@@ -57,7 +57,7 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
   static std::mutex scratch_mutex;
   std::lock_guard<std::mutex> lock(scratch_mutex);
   if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
-  gather_group_rows(query.data_ptr<float>(), qrows, num_seqs, num_heads, num_kv_heads, d, q_rows.data());
+  gather_group_rows(query.data_ptr<float>(), query.stride(0), qrows, num_seqs, num_heads, num_kv_heads, d, q_rows.data());
   const int64_t tiles = (rows + kNativeLanes - 1) / kNativeLanes;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -82,8 +82,9 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
                   value_cache.scalar_type() == query.scalar_type(),
               "attention_over_prefix takes bf16 or float32, the same for query and caches");
-  TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
-              "query and caches must be contiguous");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && key_cache.is_contiguous() &&
+                  value_cache.is_contiguous(),
+              "query needs contiguous heads (rows may be strided), caches must be contiguous");
   TORCH_CHECK(prefix_table.scalar_type() == torch::kInt32 && prefix_table.is_contiguous(),
               "prefix_table must be contiguous int32");
   TORCH_CHECK(query_rows.scalar_type() == torch::kInt64 && query_rows.is_contiguous(),
@@ -122,7 +123,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
     v_packed.resize(packed);
   }
   if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
-  gather_group_rows(reinterpret_cast<const uint16_t*>(query.data_ptr()), qrows, num_seqs, num_heads, num_kv_heads, d,
+  gather_group_rows(reinterpret_cast<const uint16_t*>(query.data_ptr()), query.stride(0), qrows, num_seqs, num_heads, num_kv_heads, d,
                     q_rows.data());
   const auto* kc = reinterpret_cast<const uint16_t*>(key_cache.data_ptr());
   const auto* vc = reinterpret_cast<const uint16_t*>(value_cache.data_ptr());

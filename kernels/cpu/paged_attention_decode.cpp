@@ -8,7 +8,8 @@
 // split into narrower registers elsewhere) and accumulators in registers.
 //
 // Shapes:
-//   query, out:          [num_tokens, num_heads, head_dim]   (rows picked by query_rows)
+//   query, out:          [num_tokens, num_heads, head_dim]   (rows picked by query_rows); query's rows
+//                        may be strided (a view of the fused QKV output), out is contiguous
 //   key/value_cache:     [num_blocks, block_size, num_kv_heads, head_dim]
 //   block_tables:        [num_seqs, max_num_blocks] int32
 //   seq_lens, query_rows:[num_seqs] int32 / int64
@@ -145,6 +146,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   const int64_t block_stride = block_size * num_kv_heads * head_dim;
 
   const scalar_t* q_ptr = query.data_ptr<scalar_t>();
+  const int64_t q_stride = query.stride(0);  // query may be a view of the fused QKV rows
   const scalar_t* k_ptr = key_cache.data_ptr<scalar_t>();
   const scalar_t* v_ptr = value_cache.data_ptr<scalar_t>();
   const int32_t* bt_ptr = block_tables.data_ptr<int32_t>();
@@ -181,7 +183,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
       const int64_t seq = order[n];
       const int64_t len = len_ptr[seq];
       const int64_t first = attended_from(len);
-      const int64_t row_offset = row_ptr[seq] * num_heads * head_dim;
+      const int64_t q_offset = row_ptr[seq] * q_stride, row_offset = row_ptr[seq] * num_heads * head_dim;
       const Prefix prefix{prefix_out, prefix_lse, seq, num_seqs * group};
       Readahead readahead;
       if (ahead < num_seqs) {
@@ -202,10 +204,10 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                              num_kv_heads * head_dim,
                              ahead < num_seqs ? &readahead : nullptr};
       if constexpr (std::is_same_v<scalar_t, float>)
-        decode_sequence_f32<kChunks>(q_ptr + row_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
+        decode_sequence_f32<kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
                                      static_cast<float>(scale), prefix, scores, work, o_ptr + row_offset);
       else
-        decode_sequence_by_head<scalar_t, kChunks>(q_ptr + row_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
+        decode_sequence_by_head<scalar_t, kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
                                                    static_cast<float>(scale), prefix, scores, o_ptr + row_offset);
       n = read_ahead ? ahead : next++;
     }
@@ -245,7 +247,8 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
                             torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
                             const std::optional<torch::Tensor>& prefix_out,
                             const std::optional<torch::Tensor>& prefix_lse) {
-  TORCH_CHECK(query.is_contiguous() && out.is_contiguous(), "query and out must be contiguous");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous(),
+              "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32, "block_tables must be int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32, "seq_lens must be int32");

@@ -15,7 +15,8 @@
 // the same items.
 //
 // Shapes:
-//   query, out:        [num_tokens, num_heads, head_dim] bf16 or float32
+//   query, out:        [num_tokens, num_heads, head_dim] bf16 or float32; query's rows may be
+//                      strided (a view of the fused QKV output), out is contiguous
 //   key/value_cache:   [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
 //   block_tables:      [num_seqs, max_num_blocks] int32 (prefill sequences only)
 //   seq_lens:          [num_seqs] int32, context length including the new rows
@@ -57,7 +58,7 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
                  const torch::Tensor& block_tables, const int32_t* lens, const int64_t* ranges, int64_t num_seqs,
                  torch::Tensor& out, float scale, int64_t window) {
   const int64_t num_heads = query.size(1), d = query.size(2), num_kv_heads = key_cache.size(2);
-  const int64_t group = num_heads / num_kv_heads, row_stride = num_heads * d;
+  const int64_t group = num_heads / num_kv_heads, row_stride = num_heads * d, q_stride = query.stride(0);
   const std::vector<Item> items = work_items(lens, ranges, num_seqs, num_heads);
   std::atomic<int64_t> next{0};
   const float* q = query.data_ptr<float>();
@@ -71,7 +72,7 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
       const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
       for (int64_t t = 0; t < it.rows; t += kNativeLanes) {
         const int64_t row = it.first_row + t;
-        attend_tile_f32(q + row * row_stride + it.head * d, row_stride,
+        attend_tile_f32(q + row * q_stride + it.head * d, q_stride,
                         static_cast<int>(std::min<int64_t>(kNativeLanes, it.rows - t)), first_pos + t, 1, ctx,
                         scale, window, o + row * row_stride + it.head * d, row_stride);
       }
@@ -98,7 +99,8 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
                   value_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
               "paged_attention_prefill takes bf16 or float32, the same for query, caches and out");
-  TORCH_CHECK(query.is_contiguous() && out.is_contiguous(), "query and out must be contiguous");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous(),
+              "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
               "block_tables must be contiguous int32");
@@ -157,7 +159,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   std::atomic<int64_t> next{0};
   const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t row_stride = lay.num_heads * lay.head_dim;
+  const int64_t row_stride = lay.num_heads * lay.head_dim, q_stride = query.stride(0);
   const float fscale = static_cast<float>(scale);
   const bool amx = use_amx();
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -169,7 +171,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
         const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
         for (int64_t t = 0; t < it.rows; t += kTileRows) {
           const int64_t row = it.first_row + t;
-          attend_tile<kAmx>(q + row * row_stride + it.head * lay.head_dim, row_stride,
+          attend_tile<kAmx>(q + row * q_stride + it.head * lay.head_dim, q_stride,
                             static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t, 1,
                             k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems,
                             lay, fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);

@@ -35,7 +35,10 @@ def _shared_batch(
         block_tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
     seq_lens = [prefix_blocks * block_size + n for n in own_lens]
     query_rows = torch.arange(len(own_lens), dtype=torch.int64) * 2 + 1
-    query = torch.randn(2 * len(own_lens) + 1, num_heads, head_dim, generator=gen).to(dtype)
+    # As the engine passes it: a view of the fused QKV rows, at their wider row stride.
+    num_rows = 2 * len(own_lens) + 1
+    qkv = torch.randn(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    query = qkv[:, : num_heads * head_dim].view(num_rows, num_heads, head_dim)
     return query, key_cache, value_cache, block_tables, seq_lens, query_rows
 
 
@@ -48,7 +51,7 @@ def _cascade(query, key_cache, value_cache, block_tables, seq_lens, query_rows, 
         query, key_cache, value_cache, block_tables[0].contiguous(), prefix_len, query_rows,
         prefix_out, prefix_lse, scale,
     )  # fmt: skip
-    out = torch.zeros_like(query)
+    out = torch.zeros(query.shape, dtype=query.dtype)
     kernels.paged_attention_decode(
         query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
         query_rows, out, scale, 0, prefix_len, prefix_out, prefix_lse,
@@ -88,7 +91,7 @@ def test_cascade_matches_reference(
     untouched[query_rows] = False
     assert out[untouched].abs().sum() == 0
     # The same rows through the decode kernel alone agree to bf16 rounding.
-    plain = torch.zeros_like(query)
+    plain = torch.zeros(query.shape, dtype=query.dtype)
     kernels.paged_attention_decode(
         query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
         query_rows, plain, scale, 0,
@@ -128,6 +131,6 @@ def test_decode_rejects_a_prefix_covering_a_whole_sequence():
     with pytest.raises(RuntimeError, match="has no token past the prefix"):
         kernels.paged_attention_decode(
             query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
-            query_rows, torch.zeros_like(query), 0.125, 0, 33,
+            query_rows, torch.zeros(query.shape, dtype=query.dtype), 0.125, 0, 33,
             torch.zeros(1, rows, 64), torch.zeros(1, rows),
         )  # fmt: skip

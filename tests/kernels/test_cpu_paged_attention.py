@@ -45,8 +45,10 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
     # Decode rows sit among other rows: rows 1, 3, 4, 7, ... of a batch twice as long.
     num_rows = 2 * len(seq_lens)
     rows = torch.tensor([2 * i + (0 if i % 3 == 2 else 1) for i in range(len(seq_lens))])
-    query = torch.randn(num_rows, num_heads, head_dim).to(dtype)
-    out = torch.zeros_like(query)
+    # As the engine passes it: a view of the fused QKV rows, at their wider row stride.
+    qkv = torch.randn(num_rows, (num_heads + 2 * num_kv_heads) * head_dim).to(dtype)
+    query = qkv[:, : num_heads * head_dim].view(num_rows, num_heads, head_dim)
+    out = torch.zeros(query.shape, dtype=dtype)
     scale = head_dim**-0.5
     kernels.paged_attention_decode(
         query,

@@ -36,7 +36,9 @@ def _paged_batch(
     for n in num_new:
         ranges.append((row, row + n))
         row += n + 1
-    query = torch.randn(row, num_heads, head_dim, generator=gen).to(dtype)
+    # As the engine passes it: a view of the fused QKV rows, at their wider row stride.
+    qkv = torch.randn(row, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    query = qkv[:, : num_heads * head_dim].view(row, num_heads, head_dim)
     return query, key_cache, value_cache, block_tables, ranges
 
 
@@ -59,7 +61,7 @@ def test_prefill_matches_reference(
     query, key_cache, value_cache, block_tables, ranges = _paged_batch(
         seq_lens, num_new, num_heads, num_kv_heads, head_dim, block_size, dtype=dtype
     )
-    out = torch.zeros_like(query)
+    out = torch.zeros(query.shape, dtype=query.dtype)
     scale = head_dim**-0.5
     kernels.paged_attention_prefill(
         query,
@@ -106,7 +108,7 @@ def test_prefill_rejects_a_short_block_table():
             block_tables[:, :2],
             torch.tensor([40], dtype=torch.int32),
             torch.tensor(ranges, dtype=torch.int64),
-            torch.zeros_like(query),
+            torch.zeros(query.shape, dtype=query.dtype),
             0.125,
             0,
         )
@@ -124,7 +126,7 @@ def test_prefill_rejects_mixed_dtypes():
             block_tables,
             torch.tensor([20], dtype=torch.int32),
             torch.tensor(ranges, dtype=torch.int64),
-            torch.zeros_like(query),
+            torch.zeros(query.shape, dtype=query.dtype),
             0.125,
             0,
         )
