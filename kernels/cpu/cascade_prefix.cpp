@@ -34,6 +34,7 @@
 #include "flash_tile_f32.h"
 
 bool prefill_supported(int64_t head_dim, bool bf16);  // paged_attention_prefill.cpp: this build and CPU run the tiles
+bool query_rows_of_heads(const torch::Tensor& query);  // paged_attention_decode.cpp
 
 namespace {
 
@@ -82,8 +83,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
                   value_cache.scalar_type() == query.scalar_type(),
               "attention_over_prefix takes bf16 or float32, the same for query and caches");
-  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && key_cache.is_contiguous() &&
-                  value_cache.is_contiguous(),
+  TORCH_CHECK(query_rows_of_heads(query) && key_cache.is_contiguous() && value_cache.is_contiguous(),
               "query needs contiguous heads (rows may be strided), caches must be contiguous");
   TORCH_CHECK(prefix_table.scalar_type() == torch::kInt32 && prefix_table.is_contiguous(),
               "prefix_table must be contiguous int32");

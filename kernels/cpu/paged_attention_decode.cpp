@@ -241,13 +241,21 @@ bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
          (chunks == 1 || chunks == 2 || chunks == 4 || chunks == 8 || chunks == 16);
 }
 
+// The query layout every attention kernel here takes: [num_tokens, num_heads,
+// head_dim] with each row's heads contiguous and the rows at any stride (a view
+// of the fused QKV output). Declared in paged_attention_prefill.cpp and
+// cascade_prefix.cpp too.
+bool query_rows_of_heads(const torch::Tensor& query) {
+  return query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2);
+}
+
 void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                             const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
                             torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
                             const std::optional<torch::Tensor>& prefix_out,
                             const std::optional<torch::Tensor>& prefix_lse) {
-  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous(),
+  TORCH_CHECK(query_rows_of_heads(query) && out.is_contiguous(),
               "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32, "block_tables must be int32");

@@ -33,6 +33,8 @@
 #include "flash_tile.h"
 #include "flash_tile_f32.h"
 
+bool query_rows_of_heads(const torch::Tensor& query);  // paged_attention_decode.cpp
+
 namespace {
 
 constexpr int64_t kItemRows = 64;  // query rows per work item
@@ -99,7 +101,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
                   value_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
               "paged_attention_prefill takes bf16 or float32, the same for query, caches and out");
-  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous(),
+  TORCH_CHECK(query_rows_of_heads(query) && out.is_contiguous(),
               "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
