@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.engine.stats import SchedulerStats
+from worker.stats import SchedulerStats
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,8 @@ def prompts(num: int, length: int, vocab: int) -> list[list[int]]:
 
 
 def run_bare(engine_config, requests, max_tokens: int) -> dict:
+    from shared.sampling_params import SamplingParams
     from worker.engine.llm_engine import LLMEngine
-    from worker.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(engine_config)
     timer = StepTimer(engine, len(requests))

@@ -21,17 +21,11 @@ from router.metrics import RouterMetrics
 from router.model import ModelContext
 from router.routing.dispatcher import Dispatcher, WorkerJob
 from router.routing.worker_stream import WorkerStream
-from router.text.choice_text import ChoiceText, TextDelta
+from router.text.choice_text import ChoiceText, TextDelta, TextOptions
+from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 _DONE = object()
-
-
-@dataclass(frozen=True)
-class TextOptions:
-    stop: tuple[str, ...] = ()
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
 
 
 @dataclass
@@ -53,10 +47,11 @@ class Generation:
         metrics: RouterMetrics,
         request_id: str,
         prompts: list[list[int]],
-        params: list[wpb.SamplingParams],
+        params: list[sampling_pb2.SamplingParams],
         text: TextOptions,
         cache_salt: str | None,
         arrival: float,
+        priority: int = 0,
     ) -> None:
         self._model = model
         self._dispatcher = dispatcher
@@ -67,6 +62,7 @@ class Generation:
         self.text = text
         self.cache_salt = cache_salt.encode() if cache_salt else None
         self.arrival = arrival
+        self.priority = priority
         # One per prompt (max_tokens may differ); n is the same in all.
         self.n = params[0].n if params[0].HasField("n") else 1
         self.usage = Usage(prompt_tokens=sum(len(p) for p in prompts))
@@ -87,6 +83,7 @@ class Generation:
                 self.params[i],
                 self.cache_salt,
                 self.arrival,
+                self.priority,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -147,14 +144,7 @@ class Generation:
     async def _prompt_deltas(self, prompt_index: int) -> AsyncIterator[TextDelta]:
         stream, prompt = self.streams[prompt_index], self.prompts[prompt_index]
         choices = [
-            ChoiceText(
-                prompt_index * self.n + i,
-                self._model.tokenizer,
-                prompt,
-                self.text.stop,
-                self.text.include_stop_str_in_output,
-                self.text.skip_special_tokens,
-            )
+            ChoiceText(prompt_index * self.n + i, self._model.tokenizer, prompt, self.text)
             for i in range(self.n)
         ]
         try:

@@ -1,15 +1,15 @@
 """The gRPC text API (protos/pagoda/v1/router.proto) over the same pipeline as HTTP.
 
-Sampling fields go through the same validation as the OpenAI API's (they
-become a `SamplingFields` first), so both fronts accept and refuse the same
-values with the same messages.
+The request's SamplingParams message is the one the OpenAI API builds from its
+JSON, validated by the same code (router/sampling.py), so both fronts accept
+and refuse the same values with the same messages.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -17,13 +17,12 @@ import grpc
 from router.errors import describe
 from router.generation import Generation
 from router.model import ModelContext
-from router.openai.protocol import SamplingFields
-from router.openai.sampling import sampling_params, text_options
+from router.sampling import plan_sampling
 from router.state import RouterState
-from router.text.choice_text import TextDelta
 from shared.errors import InvalidRequestError, PagodaError
 from shared.proto.pagoda.v1 import router_pb2 as pb
 from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
+from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
 MAX_REQUEST_ID_LEN = 256
@@ -32,24 +31,6 @@ _FINISH_REASONS = {
     "length": pb.FINISH_REASON_LENGTH,
     "abort": pb.FINISH_REASON_ABORT,
 }
-_OPTIONAL = (
-    "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens",
-    "include_stop_str_in_output",
-)  # fmt: skip
-
-
-def sampling_fields(model: str, params: pb.SamplingParams) -> SamplingFields:
-    values: dict[str, Any] = {
-        name: getattr(params, name) for name in _OPTIONAL if params.HasField(name)
-    }
-    if params.logit_bias:
-        values["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
-    if params.stop:
-        values["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        values["stop_token_ids"] = list(params.stop_token_ids)
-    return SamplingFields(model=model, **values)
 
 
 async def abort(
@@ -66,20 +47,25 @@ async def abort(
     raise AssertionError("context.abort returned")  # it always raises
 
 
-def _logprobs(model: ModelContext, delta: TextDelta) -> list[pb.TokenLogprob]:
+def _logprobs(model: ModelContext, entries: Sequence[wpb.TokenLogprob]) -> list[pb.TokenLogprob]:
+    """With their text; the top list holds the token itself too when it is not among
+    the most likely (as OpenAI lists them)."""
     text = model.tokenizer.token_text
-    return [
-        pb.TokenLogprob(
-            token_id=e.token_id,
-            token=text(e.token_id),
-            logprob=e.logprob,
-            top=[
-                pb.TopLogprob(token_id=t.token_id, token=text(t.token_id), logprob=t.logprob)
-                for t in e.top
-            ],
+    result = []
+    for e in entries:
+        top = [(t.token_id, t.logprob) for t in e.top]
+        if top and all(t != e.token_id for t, _ in top):
+            top.append((e.token_id, e.logprob))
+        result.append(
+            pb.TokenLogprob(
+                token_id=e.token_id,
+                token=text(e.token_id),
+                logprob=e.logprob,
+                rank=e.rank,
+                top=[pb.TopLogprob(token_id=t, token=text(t), logprob=lp) for t, lp in top],
+            )
         )
-        for e in delta.logprobs
-    ]
+    return result
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:
@@ -96,7 +82,8 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
         async def prompt(model: ModelContext) -> list[int]:
             if request.WhichOneof("prompt") == "token_ids":
                 return list(request.token_ids.ids)
-            return await model.encode(request.text)
+            special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+            return await model.encode(request.text, special)
 
         async for response in self._serve("grpc_complete", request, context, prompt, "prompt"):
             yield response
@@ -111,7 +98,8 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
             add_generation_prompt = (
                 request.add_generation_prompt if request.HasField("add_generation_prompt") else True
             )
-            return (await model.render_chat(messages, add_generation_prompt))[1]
+            special = request.HasField("add_special_tokens") and request.add_special_tokens
+            return (await model.render_chat(messages, add_generation_prompt, special))[1]
 
         async for response in self._serve("grpc_chat", request, context, prompt, "messages"):
             yield response
@@ -146,17 +134,12 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
             if len(request.request_id) > MAX_REQUEST_ID_LEN:
                 raise InvalidRequestError("request_id", f"at most {MAX_REQUEST_ID_LEN} characters")
             model = self._state.model_for(request.model)
-            prompt_ids = await prompt(model)
-            params = request.sampling_params
-            fields = sampling_fields(request.model, params)
-            max_tokens = params.max_tokens if params.HasField("max_tokens") else None
-            max_tokens = model.check_prompt(prompt_ids, max_tokens, what)
-            logprobs = params.logprobs if params.HasField("logprobs") else None
+            plan = await plan_sampling(model, request.sampling_params, [await prompt(model)], what)
             generation = Generation(
                 model, self._state.dispatcher, self._state.metrics,
-                request.request_id or f"grpc-{uuid.uuid4().hex}", [prompt_ids],
-                [sampling_params(fields, model, max_tokens, logprobs)], text_options(fields),
-                request.cache_salt if request.HasField("cache_salt") else None, arrival,
+                request.request_id or f"grpc-{uuid.uuid4().hex}", plan.prompts, plan.params,
+                plan.text, request.cache_salt if request.HasField("cache_salt") else None,
+                arrival, request.priority,
             )  # fmt: skip
             await generation.start()
         except Exception as exc:
@@ -172,20 +155,27 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.CompletionResponse]:
         metrics, request_id = self._state.metrics, generation.request_id
+        num_prompt_logprobs = 0  # sent so far
         try:
             async for delta in generation.deltas():
+                prompt_logprobs = generation.prompt_logprobs[0][num_prompt_logprobs:]
+                num_prompt_logprobs += len(prompt_logprobs)
                 choice = pb.ChoiceDelta(
                     index=delta.index,
                     text=delta.text,
                     token_ids=delta.token_ids,
-                    logprobs=_logprobs(model, delta),
+                    logprobs=_logprobs(model, delta.logprobs),
                     finish_reason=_FINISH_REASONS.get(delta.finish_reason or "", 0),
                 )
                 if isinstance(delta.stop_reason, str):
                     choice.stop_string = delta.stop_reason
                 elif isinstance(delta.stop_reason, int):
                     choice.stop_token_id = delta.stop_reason
-                yield pb.CompletionResponse(request_id=request_id, choices=[choice])
+                yield pb.CompletionResponse(
+                    request_id=request_id,
+                    choices=[choice],
+                    prompt_logprobs=_logprobs(model, prompt_logprobs),
+                )
             usage = generation.usage
             yield pb.CompletionResponse(
                 request_id=request_id,

@@ -19,6 +19,7 @@ from router.errors import ContextLengthError
 from router.text.chat_template import ChatTemplate
 from router.text.tokenizer import Tokenizer, read_chat_template
 from shared.errors import InvalidRequestError
+from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 
@@ -37,11 +38,14 @@ class ModelContext:
         tokenizer: Tokenizer,
         chat_template: ChatTemplate | None,
         num_threads: int,
+        default_sampling_params: sampling_pb2.SamplingParams | None = None,
     ) -> None:
         self.name = name
         self.limits = limits
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        # The model's recommended values for fields a request leaves unset.
+        self.default_sampling_params = default_sampling_params or sampling_pb2.SamplingParams()
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="pagoda-tokenize")
 
     @classmethod
@@ -58,7 +62,14 @@ class ModelContext:
             specials = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
             template = ChatTemplate(source, specials)
         limits = ModelLimits(info.max_model_len, info.vocab_size, info.max_logprobs)
-        return cls(info.served_model_name, limits, tokenizer, template, config.tokenizer_threads)
+        return cls(
+            info.served_model_name,
+            limits,
+            tokenizer,
+            template,
+            config.tokenizer_threads,
+            info.default_sampling_params,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -66,11 +77,14 @@ class ModelContext:
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def encode(self, text: str) -> list[int]:
-        return await self._run(self.tokenizer.encode, text, True)
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self._run(self.tokenizer.encode, text, add_special_tokens)
 
     async def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        add_special_tokens: bool = False,
     ) -> tuple[str, list[int]]:
         """The conversation as prompt text and token ids."""
         if self.chat_template is None:
@@ -83,8 +97,9 @@ class ModelContext:
 
         def render() -> tuple[str, list[int]]:
             text = template.render(messages, add_generation_prompt)
-            # The template wrote the special tokens (BOS, turn markers) itself.
-            return text, self.tokenizer.encode(text, add_special_tokens=False)
+            # The template wrote the special tokens (BOS, turn markers) itself, so the
+            # tokenizer adds its own only when asked (vLLM's add_special_tokens).
+            return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
         return await self._run(render)
 

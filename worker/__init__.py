@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.engine.sampling_params import SamplingParams
+    from shared.sampling_params import SamplingParams
     from worker.llm import LLM
 
 __all__ = ["LLM", "SamplingParams"]
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from worker.engine.sampling_params import SamplingParams
+        from shared.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

@@ -48,6 +48,15 @@ class ModelConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "Name clients use for the model (default: --model)."}
     )
+    generation_config: str = field(
+        default="auto",
+        metadata={
+            "help": "Sampling defaults for requests that leave them unset. auto: the model's "
+            "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+            "max_new_tokens); vllm: the engine's own defaults; else a folder holding a "
+            "generation_config.json."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

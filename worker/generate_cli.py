@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.engine.sampling_params import SamplingParams
+    from shared.sampling_params import SamplingParams
     from worker.llm import LLM
 
     llm = LLM(config=EngineConfig.from_cli_args(args))

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.errors import InvalidRequestError
+from shared.sampling_params import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.outputs import CompletionOutput, RequestDelta, RequestOutput
-from worker.engine.sampling_params import SamplingParams
-from worker.engine.stats import SchedulerStats
+from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
+from worker.stats import SchedulerStats
 
 PromptInput = str | Sequence[int]
 
@@ -48,6 +48,11 @@ class LLM:
                 ) from exc
         return self._tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The parameters `generate` uses when given none: the model's
+        generation_config.json recommendations (--generation-config) over the defaults."""
+        return self.engine.default_sampling_params()
+
     def _to_token_ids(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):
             return self.get_tokenizer().encode(prompt)
@@ -68,7 +73,7 @@ class LLM:
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.engine.default_sampling_params()
         params_list = (
             [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         )

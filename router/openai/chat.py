@@ -9,8 +9,15 @@ from typing import Any
 from router.errors import UnsupportedFieldError
 from router.generation import Generation
 from router.openai.protocol import ChatCompletionRequest, TextPart
-from router.openai.responses import Envelope, chat_logprobs, collect
-from router.openai.sampling import check_supported, sampling_params, text_options
+from router.openai.responses import (
+    Envelope,
+    LogprobFormat,
+    chat_logprobs,
+    collect,
+    prompt_logprobs,
+)
+from router.openai.sampling import check_supported, request_message
+from router.sampling import plan_sampling
 from router.state import RouterState
 from shared.errors import InvalidRequestError
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
@@ -63,11 +70,22 @@ class ChatCompletion:
     """One /v1/chat/completions request: its generation and how its choices are written."""
 
     def __init__(
-        self, state: RouterState, request: ChatCompletionRequest, generation: Generation
+        self,
+        state: RouterState,
+        request: ChatCompletionRequest,
+        generation: Generation,
+        echo: str = "",
     ) -> None:
         self.model = state.model_for(request.model)
         self.request = request
         self.generation = generation
+        self.echo = echo  # prepended to every choice's content (vLLM's echo)
+        self.logprob_format = LogprobFormat(
+            self.model.tokenizer,
+            request.return_tokens_as_token_ids,
+            # OpenAI: top_logprobs 0 lists no alternatives at all.
+            top_with_sampled=bool(request.top_logprobs),
+        )
         self.include_usage = (
             request.stream_options is not None and request.stream_options.include_usage
         )
@@ -81,36 +99,53 @@ class ChatCompletion:
         check_supported(request)
         if request.top_logprobs is not None and not request.logprobs:
             raise InvalidRequestError("top_logprobs", "needs logprobs set to true")
+        limit = model.limits.max_logprobs
+        if request.top_logprobs is not None and not 0 <= request.top_logprobs <= limit:
+            raise InvalidRequestError(
+                "top_logprobs", f"must be in [0, {limit}], got {request.top_logprobs}"
+            )
         messages = template_messages(request)
-        _, prompt = await model.render_chat(messages, request.add_generation_prompt)
-        max_tokens = request.max_completion_tokens
-        max_tokens = model.check_prompt(
-            prompt, request.max_tokens if max_tokens is None else max_tokens, "messages"
+        _, prompt = await model.render_chat(
+            messages, request.add_generation_prompt, request.add_special_tokens
         )
+        max_tokens = request.max_completion_tokens
+        max_tokens = request.max_tokens if max_tokens is None else max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        message = request_message(request, max_tokens, logprobs, request.prompt_logprobs)
+        plan = await plan_sampling(model, message, [prompt], "messages")
         generation = Generation(
-            model, state.dispatcher, state.metrics, f"chatcmpl-{uuid.uuid4().hex}", [prompt],
-            [sampling_params(request, model, max_tokens, logprobs)], text_options(request),
-            request.cache_salt, arrival,
+            model, state.dispatcher, state.metrics, f"chatcmpl-{uuid.uuid4().hex}", plan.prompts,
+            plan.params, plan.text, request.cache_salt, arrival, request.priority,
         )  # fmt: skip
         await generation.start()
-        return cls(state, request, generation)
+        return cls(state, request, generation, _echo(request, messages))
 
     def _logprobs(self, entries: list[wpb.TokenLogprob]) -> dict[str, Any] | None:
-        return chat_logprobs(self.model.tokenizer, entries) if self.request.logprobs else None
+        return chat_logprobs(self.logprob_format, entries) if self.request.logprobs else None
+
+    def _prompt_logprobs(self) -> dict[str, Any]:
+        if self.request.prompt_logprobs is None:
+            return {}
+        entries = self.generation.prompt_logprobs[0]
+        return {"prompt_logprobs": prompt_logprobs(self.logprob_format, entries)}
 
     async def whole(self) -> dict[str, Any]:
         choices = [
             {
                 "index": result.index,
-                "message": {"role": "assistant", "content": result.text, "refusal": None},
+                "message": {
+                    "role": "assistant",
+                    "content": self.echo + result.text,
+                    "refusal": None,
+                },
                 "logprobs": self._logprobs(result.logprobs),
                 "finish_reason": result.finish_reason,
                 "stop_reason": result.stop_reason,
             }
             for result in await collect(self.generation)
         ]
-        return Envelope(self.generation, self.model.name, "chat.completion").whole(choices)
+        body = Envelope(self.generation, self.model.name, "chat.completion").whole(choices)
+        return {**body, **self._prompt_logprobs()}
 
     async def events(self) -> AsyncIterator[bytes]:
         """Per choice: a role chunk, content chunks, a finish chunk; then the usage chunk
@@ -124,7 +159,7 @@ class ChatCompletion:
             return envelope.chunk({**choice, **extra})
 
         for index in range(self.generation.n):
-            yield chunk(index, {"role": "assistant", "content": ""})
+            yield chunk(index, {"role": "assistant", "content": self.echo})
         async for delta in self.generation.deltas():
             if delta.text or (self.request.logprobs and delta.token_ids):
                 logprobs = self._logprobs(delta.logprobs)
@@ -138,3 +173,13 @@ class ChatCompletion:
                 )
         for event in envelope.end():
             yield event
+
+
+def _echo(request: ChatCompletionRequest, messages: list[dict[str, Any]]) -> str:
+    """vLLM's chat echo: the last message's content, when the answer continues it (the
+    answer's role is "assistant", or the last message's own without a generation prompt)."""
+    if not request.echo:
+        return ""
+    role = "assistant" if request.add_generation_prompt else request.messages[-1].role
+    last = messages[-1]
+    return last["content"] if request.messages[-1].role == role else ""

@@ -9,8 +9,15 @@ from typing import Any
 from router.generation import Generation
 from router.model import ModelContext
 from router.openai.protocol import CompletionRequest
-from router.openai.responses import Envelope, collect, completion_logprobs
-from router.openai.sampling import check_supported, sampling_params, text_options
+from router.openai.responses import (
+    Envelope,
+    LogprobFormat,
+    collect,
+    completion_logprobs,
+    prompt_logprobs,
+)
+from router.openai.sampling import check_supported, request_message
+from router.sampling import plan_sampling
 from router.state import RouterState
 from shared.errors import InvalidRequestError
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
@@ -19,7 +26,7 @@ MAX_PROMPTS = 256
 
 
 async def prompt_token_ids(
-    model: ModelContext, prompt: Any
+    model: ModelContext, prompt: Any, add_special_tokens: bool = True
 ) -> tuple[list[list[int]], list[str | None]]:
     """Every prompt as token ids, and as text where it came as text (for echo)."""
     if isinstance(prompt, str):
@@ -34,7 +41,7 @@ async def prompt_token_ids(
     texts: list[str | None] = []
     for item in prompt:
         if isinstance(item, str):
-            ids.append(await model.encode(item))
+            ids.append(await model.encode(item, add_special_tokens))
             texts.append(item)
         else:
             ids.append(list(item))
@@ -56,6 +63,9 @@ class Completion:
         self.request = request
         self.generation = generation
         self.echoes = echoes  # per prompt, when echo is set
+        self.logprob_format = LogprobFormat(
+            self.model.tokenizer, request.return_tokens_as_token_ids
+        )
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         self.envelope = Envelope(generation, self.model.name, "text_completion", include_usage)
 
@@ -66,29 +76,27 @@ class Completion:
         """Validate, tokenize, and start every prompt on a worker."""
         model = state.model_for(request.model)
         check_supported(request)
-        prompts, texts = await prompt_token_ids(model, request.prompt)
+        prompts, texts = await prompt_token_ids(model, request.prompt, request.add_special_tokens)
         logprobs = request.logprobs
-        prompt_logprobs = logprobs if request.echo and logprobs is not None else None
-        params = [
-            sampling_params(
-                request,
-                model,
-                model.check_prompt(p, request.max_tokens, "prompt"),
-                logprobs,
-                prompt_logprobs,
-            )
-            for p in prompts
-        ]
+        # echo with logprobs shows the prompt's logprobs too.
+        wanted = request.prompt_logprobs
+        if wanted is None and request.echo and logprobs is not None:
+            wanted = logprobs
+        message = request_message(request, request.max_tokens, logprobs, wanted)
+        plan = await plan_sampling(model, message, prompts, "prompt")
         generation = Generation(
-            model, state.dispatcher, state.metrics, f"cmpl-{uuid.uuid4().hex}", prompts, params,
-            text_options(request), request.cache_salt, arrival,
+            model, state.dispatcher, state.metrics, f"cmpl-{uuid.uuid4().hex}", plan.prompts,
+            plan.params, plan.text, request.cache_salt, arrival, request.priority,
         )  # fmt: skip
         await generation.start()
         echoes = []
         if request.echo:
+            # A prompt given as text echoes as given, unless truncate_prompt_tokens cut it.
             echoes = [
-                t if t is not None else model.tokenizer.decode(p, request.skip_special_tokens)
-                for t, p in zip(texts, prompts)
+                t
+                if t is not None and len(p) == len(original)
+                else model.tokenizer.decode(p, request.skip_special_tokens)
+                for t, p, original in zip(texts, plan.prompts, prompts)
             ]
         return cls(state, request, generation, echoes)
 
@@ -104,7 +112,7 @@ class Completion:
         when echo is set."""
         entries = None
         if self.request.logprobs is not None:
-            entries = completion_logprobs(self.model.tokenizer, token_ids, logprobs)
+            entries = completion_logprobs(self.logprob_format, token_ids, logprobs)
         if not (self.echoes and is_first):
             return text, entries
         prompt_index = index // self.generation.n
@@ -112,9 +120,16 @@ class Completion:
         if entries is not None:
             prompt = self.generation.prompts[prompt_index]
             prompt_entries = [None, *self.generation.prompt_logprobs[prompt_index]]
-            echoed = completion_logprobs(self.model.tokenizer, prompt, prompt_entries)
+            echoed = completion_logprobs(self.logprob_format, prompt, prompt_entries)
             entries = _concat_logprobs(echoed, entries)
         return text, entries
+
+    def prompt_logprobs(self, index: int) -> dict[str, Any]:
+        """vLLM's `prompt_logprobs` field of a choice, when asked for."""
+        if self.request.prompt_logprobs is None:
+            return {}
+        entries = self.generation.prompt_logprobs[index // self.generation.n]
+        return {"prompt_logprobs": prompt_logprobs(self.logprob_format, entries)}
 
     async def whole(self) -> dict[str, Any]:
         choices = []
@@ -129,6 +144,7 @@ class Completion:
                     "logprobs": logprobs,
                     "finish_reason": result.finish_reason,
                     "stop_reason": result.stop_reason,
+                    **self.prompt_logprobs(result.index),
                 }
             )
         return self.envelope.whole(choices)
@@ -143,6 +159,8 @@ class Completion:
             )
             if text or (delta.token_ids and logprobs is not None):
                 choice = {"index": delta.index, "text": text, "logprobs": logprobs}
+                if is_first:
+                    choice.update(self.prompt_logprobs(delta.index))
                 yield self.envelope.chunk({**choice, "finish_reason": None})
             if delta.finish_reason is not None:
                 yield self.envelope.chunk(

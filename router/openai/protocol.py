@@ -50,8 +50,15 @@ class SamplingFields(_Body):
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = None
+    priority: int = 0
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    return_tokens_as_token_ids: bool = False
     # Declared only to be refused when set (see the module doc).
     best_of: int | None = None
     logits_processors: Any = None
@@ -61,10 +68,6 @@ class SamplingFields(_Body):
     guided_grammar: Any = None
     structured_outputs: Any = None
     use_beam_search: bool = False
-    prompt_logprobs: int | None = None
-    truncate_prompt_tokens: int | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -78,6 +81,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM extra: the tokenizer's BOS and the like
 
 
 class TextPart(_Body):
@@ -101,6 +105,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM extra
+    # vLLM extras: special tokens on top of the template's own; and prepend the last
+    # message's content to the answer when it is the answer's own role (continuing it).
+    add_special_tokens: bool = False
+    echo: bool = False
     # Accepted and ignored: they do not change the output.
     metadata: dict[str, Any] | None = None
     store: bool | None = None

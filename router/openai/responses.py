@@ -74,8 +74,28 @@ def _logprob(value: float) -> float:
     return max(value, _MIN_LOGPROB) if not math.isnan(value) else _MIN_LOGPROB
 
 
+@dataclass(frozen=True)
+class LogprobFormat:
+    """How one request wants its logprobs written."""
+
+    tokenizer: Tokenizer
+    as_token_ids: bool = False  # vLLM's return_tokens_as_token_ids
+    top_with_sampled: bool = True  # the sampled token among the top ones (k + 1 at most)
+
+    def token(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_token_ids else self.tokenizer.token_text(token_id)
+
+    def top(self, entry: wpb.TokenLogprob) -> list[tuple[int, float]]:
+        """The top alternatives, most likely first, and the sampled token when it is not
+        among them, as OpenAI and vLLM list them."""
+        top = [(t.token_id, t.logprob) for t in entry.top]
+        if self.top_with_sampled and all(t != entry.token_id for t, _ in top):
+            top.append((entry.token_id, entry.logprob))
+        return top
+
+
 def completion_logprobs(
-    tokenizer: Tokenizer,
+    fmt: LogprobFormat,
     token_ids: Sequence[int],
     entries: Sequence[wpb.TokenLogprob | None],
     text_offset: int = 0,
@@ -83,7 +103,7 @@ def completion_logprobs(
     """The legacy completions format; an entry of None (the first prompt token) has no logprob."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
     for token_id, entry in zip(token_ids, entries):
-        text = tokenizer.token_text(token_id)
+        text = fmt.token(token_id)
         tokens.append(text)
         offsets.append(text_offset)
         text_offset += len(text)
@@ -92,9 +112,7 @@ def completion_logprobs(
             top_logprobs.append(None)
         else:
             token_logprobs.append(_logprob(entry.logprob))
-            top_logprobs.append(
-                {tokenizer.token_text(t.token_id): _logprob(t.logprob) for t in entry.top}
-            )
+            top_logprobs.append({fmt.token(t): _logprob(lp) for t, lp in fmt.top(entry)})
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
@@ -103,22 +121,49 @@ def completion_logprobs(
     }
 
 
-def chat_logprobs(tokenizer: Tokenizer, entries: Sequence[wpb.TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(fmt: LogprobFormat, entries: Sequence[wpb.TokenLogprob]) -> dict[str, Any]:
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         return {
-            "token": tokenizer.token_text(token_id),
+            "token": fmt.token(token_id),
             "logprob": _logprob(logprob),
-            "bytes": tokenizer.token_bytes(token_id),
+            "bytes": fmt.tokenizer.token_bytes(token_id),
         }
 
     content = [
         {
             **item(e.token_id, e.logprob),
-            "top_logprobs": [item(t.token_id, t.logprob) for t in e.top],
+            "top_logprobs": [item(t, lp) for t, lp in fmt.top(e)],
         }
         for e in entries
     ]
     return {"content": content, "refusal": None}
+
+
+def prompt_logprobs(
+    fmt: LogprobFormat, entries: Sequence[wpb.TokenLogprob]
+) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs: per prompt position, None for the first token, then
+    {token id: {logprob, rank, decoded_token}} for the prompt's own token and the top ones."""
+    result: list[dict[str, Any] | None] = [None]
+    for entry in entries:
+        position = {
+            str(entry.token_id): {
+                "logprob": _logprob(entry.logprob),
+                "rank": entry.rank,
+                "decoded_token": fmt.token(entry.token_id),
+            }
+        }
+        for rank, top in enumerate(entry.top, start=1):
+            position.setdefault(
+                str(top.token_id),
+                {
+                    "logprob": _logprob(top.logprob),
+                    "rank": rank,
+                    "decoded_token": fmt.token(top.token_id),
+                },
+            )
+        result.append(position)
+    return result
 
 
 @dataclass

@@ -1,25 +1,18 @@
-"""From a request's fields to the worker's SamplingParams and the router's text options.
+"""From an OpenAI request's fields to the one SamplingParams message.
 
-Value ranges are checked by the engine's own `SamplingParams` (a plain
-dataclass, no torch), so the router and the worker can never disagree on
-what is valid, and a bad value is a 400 before any worker is bothered.
+Only fields the client set go into the message, so the model's defaults
+(generation_config.json) fill the rest; validation is the shared one
+(router/sampling.py), the same for the gRPC API and the worker.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from router.errors import UnsupportedFieldError
-from router.generation import TextOptions
-from router.model import ModelContext
 from router.openai.protocol import SamplingFields
 from shared.errors import InvalidRequestError
-from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
-from worker.engine.sampling_params import SamplingParams
-
-MAX_N = 128
-MAX_STOP_STRINGS = 64
+from shared.proto.pagoda.v1 import sampling_pb2 as pb
 
 # Fields declared only to be refused, with the values that change nothing.
 _HARMLESS: dict[str, tuple[Any, ...]] = {
@@ -30,10 +23,6 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (None,),
     "structured_outputs": (None,),
     "use_beam_search": (False,),
-    "prompt_logprobs": (None,),
-    "truncate_prompt_tokens": (None,),
-    "allowed_token_ids": (None,),
-    "bad_words": (None, []),
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
@@ -50,6 +39,16 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
 }
+# Set on the message only when the client set them (None = unset).
+_OPTIONAL = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "truncate_prompt_tokens",
+)  # fmt: skip
+# Plain values the request always has (pydantic defaults = the engine's).
+_ALWAYS = (
+    "n", "min_tokens", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+    "spaces_between_special_tokens",
+)  # fmt: skip
 
 
 def check_supported(request: SamplingFields) -> None:
@@ -60,19 +59,6 @@ def check_supported(request: SamplingFields) -> None:
             raise UnsupportedFieldError(name)
     if request.best_of is not None and request.best_of != request.n:
         raise UnsupportedFieldError("best_of")
-
-
-def text_options(request: SamplingFields) -> TextOptions:
-    stop = request.stop_list()
-    if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidRequestError(
-            "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}"
-        )
-    return TextOptions(
-        stop=tuple(stop),
-        include_stop_str_in_output=request.include_stop_str_in_output,
-        skip_special_tokens=request.skip_special_tokens,
-    )
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
@@ -87,63 +73,38 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return result
 
 
-def sampling_params(
+def request_message(
     request: SamplingFields,
-    model: ModelContext,
-    max_tokens: int,
+    max_tokens: int | None,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
-) -> wpb.SamplingParams:
-    """Validate (the engine's rules, this model's limits) and convert for the worker."""
-    if not 1 <= request.n <= MAX_N:
-        raise InvalidRequestError("n", f"must be in [1, {MAX_N}], got {request.n}")
-    set_fields = {
-        name: getattr(request, name)
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-        )
-        if getattr(request, name) is not None
-    }
-    for name, value in set_fields.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidRequestError(name, f"must be a finite number, got {value}")
-    limit = model.limits.max_logprobs
-    for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-        if value is not None and not 0 <= value <= limit:
-            raise InvalidRequestError(name, f"must be in [0, {limit}], got {value}")
-    params = SamplingParams(
-        n=request.n,
-        max_tokens=max_tokens,
-        min_tokens=request.min_tokens,
-        logit_bias=_logit_bias(request.logit_bias),
-        stop_token_ids=tuple(request.stop_token_ids or ()),
-        ignore_eos=request.ignore_eos,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        **set_fields,
+) -> pb.SamplingParams:
+    """The request's sampling fields as the message both fronts validate."""
+    msg = pb.SamplingParams()
+    values: dict[str, Any] = {name: getattr(request, name) for name in _ALWAYS}
+    values.update(
+        (name, getattr(request, name)) for name in _OPTIONAL if getattr(request, name) is not None
     )
-    params.validate_token_ids(model.limits.vocab_size)
+    for name, value in (
+        ("max_tokens", max_tokens),
+        ("logprobs", logprobs),
+        ("prompt_logprobs", prompt_logprobs),
+    ):
+        if value is not None:
+            values[name] = value
+    for name, value in values.items():
+        try:
+            setattr(msg, name, value)
+        except (ValueError, TypeError) as exc:  # e.g. a seed beyond 64 bits
+            raise InvalidRequestError(name, f"out of range: {exc}") from None
     try:
-        message = wpb.SamplingParams(
-            n=params.n,
-            max_tokens=max_tokens,
-            min_tokens=params.min_tokens,
-            logit_bias=params.logit_bias,
-            stop_token_ids=params.stop_token_ids,
-            ignore_eos=params.ignore_eos,
-            **set_fields,
-        )
-    except (ValueError, TypeError) as exc:  # e.g. a seed beyond 64 bits
-        raise InvalidRequestError("request", f"a value is out of range: {exc}") from exc
-    if logprobs is not None:
-        message.logprobs = logprobs
-    if prompt_logprobs is not None:
-        message.prompt_logprobs = prompt_logprobs
-    return message
+        msg.logit_bias.update(_logit_bias(request.logit_bias))
+        msg.stop_token_ids.extend(request.stop_token_ids or ())
+        msg.allowed_token_ids.extend(request.allowed_token_ids or ())
+    except (ValueError, TypeError) as exc:  # token ids beyond 32 bits
+        raise InvalidRequestError("request", f"a token id is out of range: {exc}") from None
+    if request.allowed_token_ids is not None and not request.allowed_token_ids:
+        raise InvalidRequestError("allowed_token_ids", "must list at least one token id")
+    msg.stop.extend(request.stop_list())
+    msg.bad_words.extend(request.bad_words or ())
+    return msg

@@ -33,6 +33,7 @@ from router.routing.worker_stream import WorkerStream, error_from_rpc
 from shared.block_hash import extend_block_hashes
 from shared.errors import UnavailableError
 from shared.logging import get_logger
+from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 logger = get_logger(__name__)
@@ -55,9 +56,10 @@ class WorkerJob:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: wpb.SamplingParams
+    params: sampling_pb2.SamplingParams
     cache_salt: bytes | None = None
     arrival: float = field(default_factory=time.monotonic)
+    priority: int = 0  # the worker's --scheduling-policy priority; lower runs first
 
 
 class Dispatcher:
@@ -77,6 +79,7 @@ class Dispatcher:
             request_id=job.request_id,
             prompt_token_ids=job.prompt_token_ids,
             sampling_params=job.params,
+            priority=job.priority,
         )
         if job.cache_salt is not None:
             request.cache_salt = job.cache_salt

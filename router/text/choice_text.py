@@ -16,6 +16,17 @@ FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a choice's tokens become text (the router's part of SamplingParams)."""
+
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    min_tokens: int = 0  # stop strings count only from this many tokens on
+
+
 @dataclass
 class TextDelta:
     """What one choice produced since its previous delta."""
@@ -34,13 +45,17 @@ class ChoiceText:
         index: int,
         decoder: Decoder,
         prompt_token_ids: Sequence[int],
-        stop: Sequence[str] = (),
-        include_stop_str_in_output: bool = False,
-        skip_special_tokens: bool = True,
+        options: TextOptions = TextOptions(),
     ) -> None:
         self.index = index
-        self._detokenizer = IncrementalDetokenizer(decoder, prompt_token_ids, skip_special_tokens)
-        self._stop = StopChecker(stop, include_stop_str_in_output)
+        self._detokenizer = IncrementalDetokenizer(
+            decoder,
+            prompt_token_ids,
+            options.skip_special_tokens,
+            options.spaces_between_special_tokens,
+        )
+        self._stop = StopChecker(options.stop, options.include_stop_str_in_output)
+        self._min_tokens = options.min_tokens
         self.num_tokens = 0
         self.is_finished = False
 
@@ -61,6 +76,10 @@ class ChoiceText:
             if has_logprobs:
                 delta.logprobs.extend(output.logprobs[start : start + step])
             self.num_tokens += len(chunk)
+            if self.num_tokens < self._min_tokens:
+                # As vLLM: stop strings count from the min_tokens-th token on.
+                delta.text += self._detokenizer.push(chunk)
+                continue
             text, stop = self._stop.push(self._detokenizer.push(chunk))
             delta.text += text
             if stop is not None:

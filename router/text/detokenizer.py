@@ -27,7 +27,12 @@ _REPLACEMENT = "\ufffd"
 
 
 class Decoder(Protocol):
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -36,9 +41,11 @@ class IncrementalDetokenizer:
         decoder: Decoder,
         prompt_token_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self._decoder = decoder
         self._skip_special_tokens = skip_special_tokens
+        self._spaces = spaces_between_special_tokens
         self._ids = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -55,12 +62,13 @@ class IncrementalDetokenizer:
     def _advance(self, at_end: bool) -> str:
         if self._read_offset == len(self._ids):
             return ""
-        decode = self._decoder.decode
+
+        def decode(ids: list[int]) -> str:
+            return self._decoder.decode(ids, self._skip_special_tokens, self._spaces)
+
         window = self._ids[self._prefix_offset :]
-        prefix_text = decode(
-            window[: self._read_offset - self._prefix_offset], self._skip_special_tokens
-        )
-        full_text = decode(window, self._skip_special_tokens)
+        prefix_text = decode(window[: self._read_offset - self._prefix_offset])
+        full_text = decode(window)
         # NOTE: a window whose text did not grow (e.g. only skipped special tokens)
         # is not emitted either, but the tokens stay in it until text arrives.
         if len(full_text) <= len(prefix_text) or (full_text.endswith(_REPLACEMENT) and not at_end):

@@ -59,6 +59,8 @@ class Tokenizer:
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.is_byte_level = isinstance(backend.decoder, tokenizers.decoders.ByteLevel)
+        # Added tokens (specials and the like): id -> text.
+        self.added_tokens = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
 
     @classmethod
     def load(cls, source: str, revision: str | None = None) -> Tokenizer:
@@ -92,8 +94,31 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
+        ids = list(token_ids)
+        added = self.added_tokens
+        if skip_special_tokens or spaces_between_special_tokens or not any(i in added for i in ids):
+            return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        # vLLM's spaces_between_special_tokens=False: added tokens written as they are,
+        # the runs between them decoded on their own, nothing joined by spaces (some
+        # decoders, WordPiece's for one, put a space around every added token).
+        pieces, run = [], []
+        for token_id in ids:
+            if token_id in added:
+                if run:
+                    pieces.append(self.backend.decode(run, skip_special_tokens=False))
+                    run = []
+                pieces.append(added[token_id])
+            else:
+                run.append(token_id)
+        if run:
+            pieces.append(self.backend.decode(run, skip_special_tokens=False))
+        return "".join(pieces)
 
     def token_text(self, token_id: int) -> str:
         """One token on its own, for logprobs (special tokens included)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.step_stats import StepStatsRecorder
-from worker.engine.stats import SchedulerStats
+from worker.stats import SchedulerStats
 
 
 def stats(step, used, allocated, held, queries=0, hits=0, preemptions=0) -> SchedulerStats:

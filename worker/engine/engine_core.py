@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.config import EngineConfig
-from worker.engine.outputs import RequestDelta
-from worker.engine.request import Request, RequestStatus
-from worker.engine.stats import SchedulerStats
 from worker.kv_cache.block_pool import KVCacheEvent
 from worker.models.loader import resolve_model_path
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
+from worker.outputs import RequestDelta
+from worker.request import Request, RequestStatus
 from worker.runner.cpu_allocator import keep_freed_memory
 from worker.runner.kv_budget import KVBudget, plan_kv_cache
 from worker.runner.model_runner import ModelRunner
@@ -24,6 +23,7 @@ from worker.runner.platform import (
     resolve_max_model_len,
 )
 from worker.scheduler.scheduler import Scheduler
+from worker.stats import SchedulerStats
 
 logger = get_logger(__name__)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigError, InvalidRequestError
+from shared.sampling_params import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.engine_core import EngineCore, EngineStepOutput
-from worker.engine.request import Request
-from worker.engine.sampling_params import SamplingParams
+from worker.models.generation_config import load_sampling_defaults
+from worker.request import Request
 
 
 class LLMEngine:
@@ -26,6 +27,17 @@ class LLMEngine:
         self.config = self.core.config
         self.spec = self.core.spec
         self.max_model_len = self.core.max_model_len
+        # SamplingParams fields the model recommends (--generation-config).
+        self.sampling_defaults = load_sampling_defaults(
+            self.spec.path, self.config.model.generation_config
+        )
+        try:
+            self.default_sampling_params()
+        except InvalidRequestError as exc:
+            raise ConfigError(
+                f"the model's generation_config.json recommends an invalid value ({exc}); "
+                "start with --generation-config vllm to ignore it"
+            ) from None
         self._children: dict[str, list[str]] = {}
         self._parent_of: dict[str, tuple[str, int]] = {}
 
@@ -33,8 +45,22 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.spec.vocab_size
 
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing gets: the model's recommendations over the
+        engine defaults (vLLM's `LLM.get_default_sampling_params`)."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def validate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+    ) -> int:
         """Check a request against this model; return its effective max_tokens."""
+        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
+            # As vLLM: a priority that could not change anything is an error, not ignored.
+            raise InvalidRequestError(
+                "priority",
+                f"is {priority}, but this engine schedules first come, first served; start it "
+                "with --scheduling-policy priority to use priorities",
+            )
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("prompt", "must contain at least one token")
         vocab = self.vocab_size
@@ -76,7 +102,7 @@ class LLMEngine:
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         prompt = [int(t) for t in prompt_token_ids]
-        max_tokens = self.validate(prompt, params)
+        max_tokens = self.validate(prompt, params, priority)
         cache = self.config.cache
         child_ids = (
             [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]

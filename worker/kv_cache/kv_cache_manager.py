@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.engine.request import Request
 from worker.kv_cache.block_pool import BlockPool, KVBlock
+from worker.request import Request
 
 
 class KVCacheManager:

@@ -12,10 +12,10 @@ from shared.logging import get_logger
 from worker.attention.backends import get_attention_backend
 from worker.attention.forward_context import forward_context
 from worker.config import EngineConfig
-from worker.engine.outputs import TokenLogprobs
 from worker.layers.attention import Attention
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
+from worker.outputs import TokenLogprobs
 from worker.runner.kv_memory import allocate_kv_pool
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata

@@ -6,7 +6,28 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class MaskTensors:
+    """A request's fixed logit adjustments as index tensors, built once: rebuilding
+    them from the parameter dicts every step cost seconds per step for a bias
+    covering the vocabulary."""
+
+    bias_ids: torch.Tensor | None  # [num_biased] int64
+    bias_values: torch.Tensor | None  # [num_biased] float32
+    allowed_ids: torch.Tensor | None  # [num_allowed] int64
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> MaskTensors:
+        bias_ids = bias_values = allowed = None
+        if params.logit_bias:
+            bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.int64)
+            bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+        if params.allowed_token_ids is not None:
+            allowed = torch.tensor(params.allowed_token_ids, dtype=torch.int64)
+        return cls(bias_ids, bias_values, allowed)
 
 
 @dataclass
@@ -18,6 +39,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     generator: torch.Generator | None  # seeded requests only
+    _mask_tensors: MaskTensors | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -26,3 +48,8 @@ class RequestState:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    def mask_tensors(self) -> MaskTensors:
+        if self._mask_tensors is None:
+            self._mask_tensors = MaskTensors.of(self.sampling_params)
+        return self._mask_tensors

@@ -16,6 +16,45 @@ def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
+def banned_token_ids(state: RequestState, eos_token_ids: tuple[int, ...]) -> list[int]:
+    """Tokens this request may not sample next: EOS and stop tokens before min_tokens,
+    and the last token of every bad word whose other tokens end the output so far."""
+    params = state.sampling_params
+    banned: list[int] = []
+    if state.num_output_tokens < params.min_tokens:
+        banned.extend(eos_token_ids if not params.ignore_eos else ())
+        banned.extend(params.stop_token_ids)
+    if params.bad_words_token_ids:
+        output = state.output_token_ids
+        for word in params.bad_words_token_ids:
+            head = len(word) - 1
+            if head == 0 or (len(output) >= head and output[-head:] == list(word[:-1])):
+                banned.append(word[-1])
+    return banned
+
+
+def _additive_mask(
+    states: list[RequestState], vocab_size: int, eos_token_ids: tuple[int, ...]
+) -> torch.Tensor | None:
+    """[num_seqs, vocab_size] float32 to add to the logits: logit_bias, -inf outside
+    allowed_token_ids and on banned tokens. None when no row needs one."""
+    banned = [banned_token_ids(s, eos_token_ids) for s in states]
+    params = [s.sampling_params for s in states]
+    if not any(banned) and not any(p.logit_bias or p.allowed_token_ids for p in params):
+        return None
+    mask = torch.zeros(len(states), vocab_size, dtype=torch.float32)
+    for row, state in enumerate(states):
+        tensors = state.mask_tensors()
+        if tensors.allowed_ids is not None:
+            mask[row].fill_(float("-inf"))
+            mask[row, tensors.allowed_ids] = 0.0
+        if tensors.bias_ids is not None:
+            mask[row].index_add_(0, tensors.bias_ids, tensors.bias_values)
+        if banned[row]:
+            mask[row, banned[row]] = float("-inf")
+    return mask
+
+
 def build_sampling_metadata(
     states: list[RequestState],
     vocab_size: int,
@@ -51,21 +90,9 @@ def build_sampling_metadata(
         meta.presence = column([p.presence_penalty for p in params])
         meta.frequency = column([p.frequency_penalty for p in params])
         meta.repetition = column([p.repetition_penalty for p in params])
-
-    banned = [
-        (eos_token_ids if not p.ignore_eos else ()) + p.stop_token_ids
-        if s.num_output_tokens < p.min_tokens
-        else ()
-        for s, p in zip(states, params)
-    ]
-    if any(p.logit_bias for p in params) or any(banned):
-        bias = torch.zeros(len(states), vocab_size, dtype=torch.float32)
-        for i, p in enumerate(params):
-            for token, value in p.logit_bias.items():
-                bias[i, int(token)] += value
-            bias[i, list(banned[i])] = float("-inf")
-        meta.logit_bias = bias.to(device)
-
+    mask = _additive_mask(states, vocab_size, eos_token_ids)
+    if mask is not None:
+        meta.logit_bias = mask.to(device)
     wanted = [p.logprobs for p in params if p.logprobs is not None]
     meta.max_num_logprobs = max(wanted) if wanted else None
     return meta

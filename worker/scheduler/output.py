@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.engine.outputs import TokenLogprobs
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
+from worker.outputs import TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from worker.engine.request import Request
+from worker.request import Request
 
 
 class FCFSQueue:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from worker.config import CacheConfig, SchedulerConfig
-from worker.engine.outputs import RequestDelta
-from worker.engine.request import Request, RequestStatus
-from worker.engine.stats import SchedulerStats
 from worker.kv_cache.kv_cache_manager import KVCacheManager
+from worker.outputs import RequestDelta
+from worker.request import Request, RequestStatus
 from worker.scheduler.output import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -25,6 +24,7 @@ from worker.scheduler.output import (
     SchedulerOutput,
 )
 from worker.scheduler.request_queue import make_queue
+from worker.stats import SchedulerStats
 
 # Blocks kept spare when admitting new requests so that running ones can grow
 # without an immediate preemption.

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 from shared.block_hash import BLOCK_HASH_SCHEME
 from shared.errors import InvalidRequestError
+from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.registry import WorkerInfo, WorkerLoad
+from shared.sampling_params import MAX_LOGPROBS, SamplingParams
+from shared.sampling_proto import check_no_router_fields, params_from_proto, params_to_proto
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.outputs import RequestDelta, TokenLogprobs
-from worker.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from worker.outputs import RequestDelta, TokenLogprobs
 from worker.service.config import WorkerIdentity
 
 MAX_REQUEST_ID_LEN = 256
@@ -24,35 +25,12 @@ _FINISH_REASONS = {
     "length": pb.FINISH_REASON_LENGTH,
     "abort": pb.FINISH_REASON_ABORT,
 }
-_FLOAT_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
-_SCALAR_FIELDS = ("n", "top_k", "seed", "min_tokens", "ignore_eos", "logprobs", "prompt_logprobs")
 
 
-def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
-    """Unset fields take the engine's defaults, except max_tokens: unset means "up to
-    the context length" (the router passes what its client asked for)."""
-    kwargs: dict = {"max_tokens": msg.max_tokens if msg.HasField("max_tokens") else None}
-    for name in _FLOAT_FIELDS:
-        if msg.HasField(name):
-            value = getattr(msg, name)
-            if not math.isfinite(value):
-                raise InvalidRequestError(name, f"must be a finite number, got {value}")
-            kwargs[name] = value
-    for name in _SCALAR_FIELDS:
-        if msg.HasField(name):
-            kwargs[name] = getattr(msg, name)
-    if msg.logit_bias:
-        kwargs["logit_bias"] = dict(msg.logit_bias)
-    if msg.stop_token_ids:
-        kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
-    return SamplingParams(**kwargs)  # validates itself, naming the field
+def sampling_params_from_proto(msg: sampling_pb2.SamplingParams) -> SamplingParams:
+    """The engine's SamplingParams, validated as the router validates them."""
+    check_no_router_fields(msg)
+    return params_from_proto(msg)
 
 
 def check_request_fields(msg: pb.GenerateRequest) -> None:
@@ -151,4 +129,14 @@ def model_info(engine: LLMEngine, info: WorkerInfo, max_waiting: int) -> pb.GetM
     )
     if spec.bos_token_id is not None:
         response.bos_token_id = spec.bos_token_id
+    response.default_sampling_params.CopyFrom(_defaults_to_proto(engine.sampling_defaults))
     return response
+
+
+def _defaults_to_proto(defaults: dict) -> sampling_pb2.SamplingParams:
+    """Only the fields the model recommends (the router fills unset fields from them)."""
+    full = params_to_proto(SamplingParams(**defaults))
+    message = sampling_pb2.SamplingParams()
+    for name in defaults:
+        setattr(message, name, getattr(full, name))
+    return message

@@ -33,10 +33,10 @@ from typing import Any
 
 from shared.errors import CapacityError, PagodaError
 from shared.logging import get_logger
+from shared.sampling_params import SamplingParams
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.outputs import RequestDelta
-from worker.engine.sampling_params import SamplingParams
 from worker.kv_cache.block_pool import KVCacheEvent
+from worker.outputs import RequestDelta
 from worker.service.load import LoadTracker, queued_prefill_tokens
 
 logger = get_logger(__name__)

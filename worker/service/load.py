@@ -9,8 +9,8 @@ import time
 from collections import deque
 
 from shared.registry import WorkerLoad, now_ms
-from worker.engine.stats import SchedulerStats
 from worker.scheduler.scheduler import Scheduler
+from worker.stats import SchedulerStats
 
 # Token rates are "tokens in the last RATE_WINDOW_S seconds / RATE_WINDOW_S", so
 # they decay to zero on their own once the worker goes idle.

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from shared.errors import UnavailableError
 from shared.logging import get_logger
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
+from shared.sampling_params import SamplingParams
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.sampling_params import SamplingParams
 from worker.service.convert import response_from_deltas
 from worker.service.engine_loop import Batch, EngineLoop, Payload
 from worker.service.load import LoadTracker
@@ -92,7 +92,7 @@ class RequestHub:
         if self.engine_loop.is_broken:
             raise UnavailableError("the worker's engine failed and cannot take requests")
         # Reads only immutable model facts, so it is safe beside the engine thread.
-        self.engine.validate(prompt_token_ids, params)
+        self.engine.validate(prompt_token_ids, params, priority)
         engine_id = str(next(self._ids))
         stream = RequestStream(engine_id, request_id or f"req-{engine_id}", params.n)
         self._streams[engine_id] = stream

@@ -23,10 +23,9 @@ from shared.logging import get_logger
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
 from shared.registry import RegistryKeys, now_ms
+from shared.sampling_params import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.sampling_params import SamplingParams
-from worker.engine.stats import SchedulerStats
 from worker.service.config import WorkerIdentity, WorkerServiceConfig, resolve_identity
 from worker.service.convert import model_info, worker_info
 from worker.service.engine_loop import Batch, EngineLoop
@@ -34,6 +33,7 @@ from worker.service.load import LoadTracker
 from worker.service.registry_publisher import RegistryPublisher
 from worker.service.request_hub import RequestHub
 from worker.service.servicer import WorkerServicer
+from worker.stats import SchedulerStats
 
 logger = get_logger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import InvalidRequestError
+from shared.sampling_params import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

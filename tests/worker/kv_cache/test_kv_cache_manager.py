@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from shared.block_hash import block_hashes
-from worker.engine.request import Request
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from worker.kv_cache.kv_cache_manager import KVCacheManager
+from worker.request import Request
 
 BLOCK = 4
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata
 from worker.sample.sampler import Sampler

@@ -3,9 +3,9 @@ preemption victims and queue order. Pool integrity is checked after every step."
 
 from __future__ import annotations
 
+from shared.sampling_params import SamplingParams
 from worker.config import CacheConfig, SchedulerConfig
-from worker.engine.request import Request, RequestStatus
-from worker.engine.sampling_params import SamplingParams
+from worker.request import Request, RequestStatus
 from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from worker.scheduler.scheduler import Scheduler
 

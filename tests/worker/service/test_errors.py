@@ -47,6 +47,29 @@ CASES = [
     ("logit-bias-token", request(OK_PROMPT, logit_bias={600: 1.0}), "logit_bias"),
     ("logit-bias-value", request(OK_PROMPT, logit_bias={5: 101.0}), "logit_bias"),
     ("request-id-too-long", request(OK_PROMPT, request_id="x" * 257), "request_id"),
+    ("temperature-above-two", request(OK_PROMPT, temperature=2.5), "temperature"),
+    ("n-above-128", request(OK_PROMPT, n=129), "n"),
+    (
+        "allowed-token-outside-vocab",
+        request(OK_PROMPT, allowed_token_ids=[3, 512]),
+        "allowed_token_ids",
+    ),
+    (
+        "bad-word-outside-vocab",
+        request(OK_PROMPT, bad_words_token_ids=[pb.TokenIds(ids=[3, 700])]),
+        "bad_words",
+    ),
+    ("stop-strings-are-the-routers", request(OK_PROMPT, stop=["x"]), "sampling_params.stop"),
+    (
+        "bad-words-text-is-the-routers",
+        request(OK_PROMPT, bad_words=["x"]),
+        "sampling_params.bad_words",
+    ),
+    (
+        "priority-under-fcfs",
+        pb.GenerateRequest(prompt_token_ids=OK_PROMPT, priority=1),
+        "priority",
+    ),
     (
         "cache-salt-too-long",
         pb.GenerateRequest(prompt_token_ids=OK_PROMPT, cache_salt=b"s" * 1025),

@@ -22,47 +22,41 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from shared.proto.pagoda.v1 import sampling_pb2 as pagoda_dot_v1_dot_sampling__pb2
 
+from shared.proto.pagoda.v1.sampling_pb2 import *
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagoda/v1/router.proto\x12\tpagoda.v1\"\x9c\x06\n\x0eSamplingParams\x12\x0e\n\x01n\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12<\n\nlogit_bias\x18\n \x03(\x0b\x32(.pagoda.v1.SamplingParams.LogitBiasEntry\x12\x17\n\nmax_tokens\x18\x0b \x01(\x05H\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0c \x01(\x05H\n\x88\x01\x01\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\x05\x12\x17\n\nignore_eos\x18\x0f \x01(\x08H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x10 \x01(\x08H\x0c\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08H\r\x88\x01\x01\x12\x15\n\x08logprobs\x18\x12 \x01(\x05H\x0e\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x04\n\x02_nB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x16\n\x14_skip_special_tokensB\x1d\n\x1b_include_stop_str_in_outputB\x0b\n\t_logprobs\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xd4\x01\n\x0f\x43ompleteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.pagoda.v1.TokenIdsH\x00\x12\x32\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xf4\x01\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.ChatMessage\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x06 \x01(\x08H\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x18\n\x16_add_generation_prompt\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"d\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\"\n\x03top\x18\x04 \x03(\x0b\x32\x15.pagoda.v1.TopLogprob\"\xd7\x01\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.pagoda.v1.TokenLogprob\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.pagoda.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x06 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x07 \x01(\x05H\x00\x42\r\n\x0bstop_reason\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\"\x81\x01\n\x12\x43ompletionResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.ChoiceDelta\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x10.pagoda.v1.UsageH\x00\x88\x01\x01\x42\x08\n\x06_usage\"\x13\n\x11ListModelsRequest\"C\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x03 \x01(\x05\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pagoda.v1.ModelCard*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe4\x01\n\rRouterService\x12G\n\x08\x43omplete\x12\x1a.pagoda.v1.CompleteRequest\x1a\x1d.pagoda.v1.CompletionResponse0\x01\x12?\n\x04\x43hat\x12\x16.pagoda.v1.ChatRequest\x1a\x1d.pagoda.v1.CompletionResponse0\x01\x12I\n\nListModels\x12\x1c.pagoda.v1.ListModelsRequest\x1a\x1d.pagoda.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagoda/v1/router.proto\x12\tpagoda.v1\x1a\x18pagoda/v1/sampling.proto\"\xb0\x02\n\x0f\x43ompleteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.pagoda.v1.TokenIdsH\x00\x12\x32\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x17\n\ncache_salt\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08priority\x18\x07 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x08 \x01(\x08H\x03\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_saltB\x0b\n\t_priorityB\x15\n\x13_add_special_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xd0\x02\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.ChatMessage\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x06 \x01(\x08H\x01\x88\x01\x01\x12\x15\n\x08priority\x18\x07 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x08 \x01(\x08H\x03\x88\x01\x01\x42\r\n\x0b_cache_saltB\x18\n\x16_add_generation_promptB\x0b\n\t_priorityB\x15\n\x13_add_special_tokens\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"r\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\"\n\x03top\x18\x04 \x03(\x0b\x32\x15.pagoda.v1.TopLogprob\x12\x0c\n\x04rank\x18\x05 \x01(\x05\"\xd7\x01\n\x0b\x43hoiceDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.pagoda.v1.TokenLogprob\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.pagoda.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x06 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x07 \x01(\x05H\x00\x42\r\n\x0bstop_reason\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\"\xb3\x01\n\x12\x43ompletionResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.ChoiceDelta\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x10.pagoda.v1.UsageH\x00\x88\x01\x01\x12\x30\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x17.pagoda.v1.TokenLogprobB\x08\n\x06_usage\"\x13\n\x11ListModelsRequest\"C\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x03 \x01(\x05\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pagoda.v1.ModelCard*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe4\x01\n\rRouterService\x12G\n\x08\x43omplete\x12\x1a.pagoda.v1.CompleteRequest\x1a\x1d.pagoda.v1.CompletionResponse0\x01\x12?\n\x04\x43hat\x12\x16.pagoda.v1.ChatRequest\x1a\x1d.pagoda.v1.CompletionResponse0\x01\x12I\n\nListModels\x12\x1c.pagoda.v1.ListModelsRequest\x1a\x1d.pagoda.v1.ListModelsResponseP\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagoda.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2139
-  _globals['_FINISHREASON']._serialized_end=2259
-  _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=834
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=546
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=594
-  _globals['_TOKENIDS']._serialized_start=836
-  _globals['_TOKENIDS']._serialized_end=859
-  _globals['_COMPLETEREQUEST']._serialized_start=862
-  _globals['_COMPLETEREQUEST']._serialized_end=1074
-  _globals['_CHATMESSAGE']._serialized_start=1076
-  _globals['_CHATMESSAGE']._serialized_end=1120
-  _globals['_CHATREQUEST']._serialized_start=1123
-  _globals['_CHATREQUEST']._serialized_end=1367
-  _globals['_TOPLOGPROB']._serialized_start=1369
-  _globals['_TOPLOGPROB']._serialized_end=1431
-  _globals['_TOKENLOGPROB']._serialized_start=1433
-  _globals['_TOKENLOGPROB']._serialized_end=1533
-  _globals['_CHOICEDELTA']._serialized_start=1536
-  _globals['_CHOICEDELTA']._serialized_end=1751
-  _globals['_USAGE']._serialized_start=1753
-  _globals['_USAGE']._serialized_end=1855
-  _globals['_COMPLETIONRESPONSE']._serialized_start=1858
-  _globals['_COMPLETIONRESPONSE']._serialized_end=1987
-  _globals['_LISTMODELSREQUEST']._serialized_start=1989
-  _globals['_LISTMODELSREQUEST']._serialized_end=2008
-  _globals['_MODELCARD']._serialized_start=2010
-  _globals['_MODELCARD']._serialized_end=2077
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2079
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2137
-  _globals['_ROUTERSERVICE']._serialized_start=2262
-  _globals['_ROUTERSERVICE']._serialized_end=2490
+  _globals['_FINISHREASON']._serialized_start=1589
+  _globals['_FINISHREASON']._serialized_end=1709
+  _globals['_COMPLETEREQUEST']._serialized_start=64
+  _globals['_COMPLETEREQUEST']._serialized_end=368
+  _globals['_CHATMESSAGE']._serialized_start=370
+  _globals['_CHATMESSAGE']._serialized_end=414
+  _globals['_CHATREQUEST']._serialized_start=417
+  _globals['_CHATREQUEST']._serialized_end=753
+  _globals['_TOPLOGPROB']._serialized_start=755
+  _globals['_TOPLOGPROB']._serialized_end=817
+  _globals['_TOKENLOGPROB']._serialized_start=819
+  _globals['_TOKENLOGPROB']._serialized_end=933
+  _globals['_CHOICEDELTA']._serialized_start=936
+  _globals['_CHOICEDELTA']._serialized_end=1151
+  _globals['_USAGE']._serialized_start=1153
+  _globals['_USAGE']._serialized_end=1255
+  _globals['_COMPLETIONRESPONSE']._serialized_start=1258
+  _globals['_COMPLETIONRESPONSE']._serialized_end=1437
+  _globals['_LISTMODELSREQUEST']._serialized_start=1439
+  _globals['_LISTMODELSREQUEST']._serialized_end=1458
+  _globals['_MODELCARD']._serialized_start=1460
+  _globals['_MODELCARD']._serialized_end=1527
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1529
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1587
+  _globals['_ROUTERSERVICE']._serialized_start=1712
+  _globals['_ROUTERSERVICE']._serialized_end=1940
 # @@protoc_insertion_point(module_scope)

@@ -1,9 +1,12 @@
+from shared.proto.pagoda.v1 import sampling_pb2 as _sampling_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from shared.proto.pagoda.v1.sampling_pb2 import TokenIds as TokenIds
+from shared.proto.pagoda.v1.sampling_pb2 import SamplingParams as SamplingParams
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -18,49 +21,6 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 
-class SamplingParams(_message.Message):
-    __slots__ = ("n", "temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "logprobs", "prompt_logprobs")
-    class LogitBiasEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: int
-        value: float
-        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
-    N_FIELD_NUMBER: _ClassVar[int]
-    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
-    TOP_K_FIELD_NUMBER: _ClassVar[int]
-    TOP_P_FIELD_NUMBER: _ClassVar[int]
-    MIN_P_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
-    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    n: int
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    seed: int
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    logit_bias: _containers.ScalarMap[int, float]
-    max_tokens: int
-    min_tokens: int
-    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    ignore_eos: bool
-    logprobs: int
-    prompt_logprobs: int
-    def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
-
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -70,10 +30,10 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    sampling_params: SamplingParams
+    sampling_params: _sampling_pb2.SamplingParams
     priority: int
     cache_salt: bytes
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[bytes] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -126,7 +86,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("served_model_name", "model", "tokenizer", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "block_size", "block_hash_scheme", "enable_prefix_caching", "num_kv_blocks", "kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_logprobs", "worker_id", "epoch", "dtype")
+    __slots__ = ("served_model_name", "model", "tokenizer", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "block_size", "block_hash_scheme", "enable_prefix_caching", "num_kv_blocks", "kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_logprobs", "worker_id", "epoch", "dtype", "default_sampling_params")
     SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +107,7 @@ class GetModelInfoResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     served_model_name: str
     model: str
     tokenizer: str
@@ -167,7 +128,8 @@ class GetModelInfoResponse(_message.Message):
     worker_id: str
     epoch: int
     dtype: str
-    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., tokenizer: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., block_size: _Optional[int] = ..., block_hash_scheme: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    default_sampling_params: _sampling_pb2.SamplingParams
+    def __init__(self, served_model_name: _Optional[str] = ..., model: _Optional[str] = ..., tokenizer: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., block_size: _Optional[int] = ..., block_hash_scheme: _Optional[str] = ..., enable_prefix_caching: _Optional[bool] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., dtype: _Optional[str] = ..., default_sampling_params: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

@@ -6,7 +6,7 @@ import enum
 import time
 
 from shared.block_hash import BlockHash, extend_block_hashes
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import InvalidRequestError
-from worker.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(
