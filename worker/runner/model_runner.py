@@ -77,7 +77,7 @@ class ModelRunner:
     def profile_run(self) -> int:
         """One forward of --max-num-batched-tokens tokens (max-num-seqs sequences
         of about equal length) and a top-k/top-p sampler pass over their rows, on
-        a throwaway one-block cache that nothing is written to; returns the peak
+        a throwaway one-block cache (the real one is untouched); returns the peak
         bytes allocated above what was allocated before (0 off CUDA)."""
         budget = self.config.scheduler
         num_tokens = budget.max_num_batched_tokens
@@ -86,13 +86,13 @@ class ModelRunner:
         lens[: num_tokens % num_seqs] += 1
         query_start_loc = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         width = -(-int(lens.max()) // self.block_size)
-        layout = BatchLayout(
+        positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
+        layout = BatchLayout(  # every token reads and writes block 0 of a throwaway cache
             query_start_loc=query_start_loc,
             seq_lens=lens.astype(np.int32),
-            block_tables=np.zeros((num_seqs, width), dtype=np.int32),  # block 0 only
-            slot_mapping=np.full(num_tokens, -1, dtype=np.int64),
+            block_tables=np.zeros((num_seqs, width), dtype=np.int32),
+            slot_mapping=positions % self.block_size,
         )
-        positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
         is_cuda = self.device.type == "cuda"
         if is_cuda:
             torch.cuda.synchronize(self.device)
