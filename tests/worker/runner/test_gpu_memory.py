@@ -26,7 +26,7 @@ def test_kv_gets_the_workers_fraction_less_what_it_uses():
 def test_startup_check_names_the_numbers():
     check_startup_memory(MemorySnapshot(free=60 * GiB, total=80 * GiB, torch_reserved=0), 0.7)
     with pytest.raises(
-        ConfigError, match="asks for 72.00 GiB of the GPU's 80.00 GiB, but only 60.00 GiB"
+        ConfigError, match=r"asks for 72\.00 GiB of the GPU.s 80\.00 GiB, but only 60\.00 GiB"
     ):
         check_startup_memory(MemorySnapshot(free=60 * GiB, total=80 * GiB, torch_reserved=0), 0.9)
 
