@@ -24,9 +24,12 @@ def write_kv_reference(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter new tokens' K/V ([num_tokens, num_kv_heads, head_dim]) into their slots."""
-    key_cache.view(-1, *key.shape[1:])[slot_mapping] = key
-    value_cache.view(-1, *value.shape[1:])[slot_mapping] = value
+    """Scatter new tokens' K/V ([num_tokens, num_kv_heads, head_dim]) into their slots
+    (caches at any strides, e.g. the K and V halves of one tensor)."""
+    block_size = key_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    key_cache[blocks, offsets] = key
+    value_cache[blocks, offsets] = value
 
 
 def paged_attention_reference(
@@ -59,8 +62,9 @@ def paged_attention_reference(
         q = query[start:end].view(num_query, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         # [num_kv_heads, group, num_query, seq_len]
         scores = torch.matmul(q, key.permute(1, 2, 0).unsqueeze(1)) * scale
-        q_pos = torch.arange(seq_len - num_query, seq_len).unsqueeze(1)
-        k_pos = torch.arange(seq_len).unsqueeze(0)
+        # On the query's device: a mask built on the host cannot index CUDA scores.
+        q_pos = torch.arange(seq_len - num_query, seq_len, device=query.device).unsqueeze(1)
+        k_pos = torch.arange(seq_len, device=query.device).unsqueeze(0)
         allowed = k_pos <= q_pos
         if sliding_window is not None:
             allowed &= q_pos - k_pos < sliding_window

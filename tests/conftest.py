@@ -12,6 +12,7 @@ import torch
 
 from bench.checkpoints import build_random_checkpoint
 from tests.redis_server import RedisServer, answers
+from tests.triton_devices import triton_device  # noqa: F401  (a fixture)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

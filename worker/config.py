@@ -91,9 +91,17 @@ class CacheConfig:
     kv_cache_memory_fraction: float | None = field(
         default=None,
         metadata={
-            "help": "Fraction of the memory free after loading weights to give the KV "
-            "cache when --kv-cache-memory is not set (default 0.9 on GPU; on CPU 0.5, "
-            "capped at 4 GiB unless this flag is given)."
+            "help": "CPU: fraction of the memory free after loading weights to give the KV "
+            "cache when --kv-cache-memory is not set (default 0.5, capped at 4 GiB unless "
+            "this flag is given). On GPU, --gpu-memory-utilization sizes it."
+        },
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9,
+        metadata={
+            "help": "GPU: the fraction of the device's total memory this worker may use "
+            "(weights, activations and KV cache; vLLM's meaning). Workers sharing a GPU each "
+            "take their own fraction."
         },
     )
     num_kv_blocks: int | None = field(
@@ -110,6 +118,9 @@ class CacheConfig:
         frac = self.kv_cache_memory_fraction
         if frac is not None and not 0 < frac <= 1:
             raise ConfigError(f"--kv-cache-memory-fraction must be in (0, 1], got {frac}")
+        util = self.gpu_memory_utilization
+        if not 0 < util <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
 
 
 # Default step budgets, as vLLM's CPU build chooses them: offline generation
@@ -171,8 +182,8 @@ class DeviceConfig:
     enforce_eager: bool = field(
         default=False,
         metadata={
-            "help": "Accepted as vLLM spells it; changes nothing yet. Pagoda's step always "
-            "runs eagerly (fused work is in its kernels): no compiled or CUDA graph to turn off."
+            "help": "Run every step eagerly: no CUDA graphs for decode steps on a GPU "
+            "(on CPU steps always run eagerly)."
         },
     )
     attention_backend: str | None = field(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.config import EngineConfig
@@ -14,6 +16,7 @@ from worker.models.spec import ModelSpec
 from worker.outputs import RequestDelta
 from worker.request import Request, RequestStatus
 from worker.runner.cpu_allocator import keep_freed_memory
+from worker.runner.gpu_memory import GPUMemoryProfile, MemorySnapshot, check_startup_memory
 from worker.runner.kv_budget import KVBudget, plan_kv_cache
 from worker.runner.model_runner import ModelRunner
 from worker.runner.platform import (
@@ -62,7 +65,22 @@ class EngineCore:
                 f"--max-num-batched-tokens {sched.max_num_batched_tokens} is below --max-model-len "
                 f"{self.max_model_len}; raise it or enable chunked prefill"
             )
+        if device.type == "cuda":
+            baseline = MemorySnapshot.take(device)
+            check_startup_memory(baseline, config.cache.gpu_memory_utilization)
         self.runner = ModelRunner(config, self.spec, device, self.dtype, self.max_model_len)
+        gpu_profile = None
+        if device.type == "cuda":
+            activation_peak = self.runner.profile_run()
+            torch.cuda.empty_cache()
+            after = MemorySnapshot.take(device)
+            gpu_profile = GPUMemoryProfile(
+                total=after.total,
+                utilization=config.cache.gpu_memory_utilization,
+                weights_bytes=self.runner.weights_bytes,
+                activation_peak=activation_peak,
+                non_torch_bytes=max(0, after.non_torch - baseline.non_torch),
+            )
         self.kv_budget: KVBudget = plan_kv_cache(
             config.cache,
             self.spec,
@@ -71,6 +89,7 @@ class EngineCore:
             self.runner.weights_bytes,
             self.max_model_len,
             config.parallel.tensor_parallel_size,
+            gpu_profile,
         )
         logger.info(
             "%s (%s, %s on %s): %s",
@@ -81,6 +100,8 @@ class EngineCore:
             self.kv_budget.describe(),
         )
         self.runner.initialize_kv_cache(self.kv_budget.num_blocks)
+        if self.runner.cuda_graphs_wanted():
+            self.runner.capture_cuda_graphs()
         self.scheduler = Scheduler(
             sched, config.cache, self.kv_budget.num_blocks, record_kv_events=record_kv_events
         )

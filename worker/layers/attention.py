@@ -25,7 +25,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
-        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_cache: torch.Tensor | None = None  # in the backend's layout
         self.backend: AttentionBackend | None = None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -37,8 +37,7 @@ class Attention(nn.Module):
             query.view(num_tokens, self.num_heads, self.head_dim),
             key.view(num_tokens, self.num_kv_heads, self.head_dim),
             value.view(num_tokens, self.num_kv_heads, self.head_dim),
-            self.kv_cache[0],
-            self.kv_cache[1],
+            self.kv_cache,
             metadata,
             self.scale,
             self.sliding_window,

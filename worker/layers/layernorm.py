@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu import fused_elementwise_kernels
+from kernels.elementwise import elementwise_kernels
 
 
 class RMSNorm(nn.Module):
@@ -29,8 +29,9 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual).
 
-        On bf16 and float32 CPU tensors one C++ pass does it, updating `residual` in place."""
-        kernels = fused_elementwise_kernels(x)
+        One kernel pass does it where one exists (C++ on CPU, Triton on CUDA; kernels/
+        elementwise.py), updating `residual` in place."""
+        kernels = elementwise_kernels(x)
         if kernels is not None and x.dim() == 2:  # [rows, hidden]: no reshapes
             if residual is None:
                 return kernels.rms_norm(x, self.weight, self.eps)

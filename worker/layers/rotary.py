@@ -9,7 +9,7 @@ from functools import cache
 import torch
 from torch import nn
 
-from kernels.cpu import fused_elementwise_kernels
+from kernels.elementwise import elementwise_kernels
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class RotaryEmbedding(nn.Module):
             out1 = x1 * cos - x2 * sin,   out2 = x2 * cos + x1 * sin
         which rounds exactly as the Hugging Face form does.
         """
-        kernels = fused_elementwise_kernels(query)
+        kernels = elementwise_kernels(query)
         if kernels is not None and key.dtype == query.dtype:
             # In place: q and k are views of this step's fresh qkv projection.
             kernels.rotary_embedding(

@@ -9,8 +9,9 @@ import torch
 from shared.errors import ConfigError
 from worker.config import CacheConfig
 from worker.models.spec import ModelSpec
+from worker.runner.gpu_memory import GPUMemoryProfile
 
-_DEFAULT_FRACTION = {"cuda": 0.9, "cpu": 0.5}
+_CPU_DEFAULT_FRACTION = 0.5
 # On CPU the KV cache shares RAM with everything else on the machine (and with
 # sibling workers), so an unset size is also capped, as vLLM's CPU build does.
 _CPU_DEFAULT_CAP = 4 * 2**30
@@ -39,6 +40,7 @@ class KVBudget:
     num_blocks: int
     block_size: int
     max_model_len: int
+    gpu_profile: GPUMemoryProfile | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -54,11 +56,12 @@ class KVBudget:
         return self.max_tokens / self.max_model_len
 
     def describe(self) -> str:
-        return (
+        line = (
             f"weights {_gib(self.weights_bytes)}; KV cache {_gib(self.kv_bytes)} = "
             f"{self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens; "
             f"{self.max_concurrency:.2f} concurrent requests at max-model-len {self.max_model_len}"
         )
+        return line if self.gpu_profile is None else f"{line}; {self.gpu_profile.describe()}"
 
 
 def plan_kv_cache(
@@ -69,19 +72,32 @@ def plan_kv_cache(
     weights_bytes: int,
     max_model_len: int,
     tp_size: int = 1,
+    gpu_profile: GPUMemoryProfile | None = None,
 ) -> KVBudget:
+    """gpu_profile: on a GPU, the start-up profile (gpu_memory.py); it sizes the
+    cache unless --num-kv-blocks or --kv-cache-memory does."""
     bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype) // tp_size
     if cache.num_kv_blocks is not None:
         num_blocks = cache.num_kv_blocks
     elif cache.kv_cache_memory is not None:
         num_blocks = cache.kv_cache_memory // bytes_per_block
+    elif gpu_profile is not None:
+        if cache.kv_cache_memory_fraction is not None:
+            raise ConfigError(
+                "--kv-cache-memory-fraction sizes the KV cache on CPU; on a GPU use "
+                "--gpu-memory-utilization (or --kv-cache-memory)"
+            )
+        gpu_profile.check()
+        num_blocks = gpu_profile.kv_bytes // bytes_per_block
     else:
-        fraction = cache.kv_cache_memory_fraction or _DEFAULT_FRACTION.get(device.type, 0.5)
+        fraction = cache.kv_cache_memory_fraction or _CPU_DEFAULT_FRACTION
         kv_bytes = int(available_memory(device) * fraction)
         if device.type == "cpu" and cache.kv_cache_memory_fraction is None:
             kv_bytes = min(kv_bytes, _CPU_DEFAULT_CAP)
         num_blocks = kv_bytes // bytes_per_block
-    budget = KVBudget(weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len)
+    budget = KVBudget(
+        weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len, gpu_profile
+    )
     needed_blocks = -(-max_model_len // cache.block_size)
     if num_blocks < needed_blocks:
         fit_len = num_blocks * cache.block_size

@@ -6,21 +6,27 @@ updated from each SchedulerOutput, and makes no policy decisions.
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import torch
 
 from shared.logging import get_logger
 from worker.attention.backends import get_attention_backend
 from worker.attention.forward_context import forward_context
+from worker.attention.metadata import BatchLayout
 from worker.config import EngineConfig
 from worker.layers.attention import Attention
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
+from worker.runner.cuda_graphs import CUDAGraphRunner, GraphCapture, capture_sizes
 from worker.runner.kv_memory import allocate_kv_pool
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata
+from worker.runner.staging import StepStaging
 from worker.runner.step_inputs import StepInputs, build_step_inputs
-from worker.sample.sampler import Sampler, SamplerOutput
+from worker.sample.sampler import Sampler, SamplingMetadata
 from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 logger = get_logger(__name__)
@@ -35,35 +41,123 @@ class ModelRunner:
         dtype: torch.dtype,
         max_model_len: int,
     ) -> None:
+        self.config = config
         self.spec = spec
         self.device = device
         self.dtype = dtype
         self.block_size = config.cache.block_size
         max_position = max(max_model_len, spec.max_position_embeddings)
         self.model = build_model(spec, dtype, device, max_position)
-        self.backend = get_attention_backend(config.device.attention_backend, device.type)
+        self.backend = get_attention_backend(config.device.attention_backend, device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
         generator = torch.Generator(device).manual_seed(config.model.seed)
         self.sampler = Sampler(generator)
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[torch.Tensor] = []
+        self.staging = StepStaging(device)
+        self.max_num_blocks = -(-max_model_len // self.block_size)
+        self.graphs: CUDAGraphRunner | None = None
 
     @property
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate each layer's K and V pools and bind them to its attention layer."""
+        """Allocate each layer's KV cache, in the backend's layout, and bind it."""
         for layer in self.attn_layers:
-            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            # [num_blocks, block_size, num_kv_heads, head_dim] each
-            kv = (
-                allocate_kv_pool(shape, self.dtype, self.device),
-                allocate_kv_pool(shape, self.dtype, self.device),
+            shape = self.backend.kv_cache_shape(
+                num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim
             )
+            kv = allocate_kv_pool(shape, self.dtype, self.device)
             self.kv_caches.append(kv)
             layer.kv_cache = kv
             layer.backend = self.backend
+
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """One forward of --max-num-batched-tokens tokens (max-num-seqs sequences
+        of about equal length) and a top-k/top-p sampler pass over their rows, on
+        a throwaway one-block cache (the real one is untouched); returns the peak
+        bytes allocated above what was allocated before (0 off CUDA)."""
+        budget = self.config.scheduler
+        num_tokens = budget.max_num_batched_tokens
+        num_seqs = max(1, min(budget.max_num_seqs, num_tokens))
+        lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int64)
+        lens[: num_tokens % num_seqs] += 1
+        query_start_loc = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        width = -(-int(lens.max()) // self.block_size)
+        positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
+        layout = BatchLayout(  # every token reads and writes block 0 of a throwaway cache
+            query_start_loc=query_start_loc,
+            seq_lens=lens.astype(np.int32),
+            block_tables=np.zeros((num_seqs, width), dtype=np.int32),
+            slot_mapping=positions % self.block_size,
+        )
+        is_cuda = self.device.type == "cuda"
+        if is_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        bound = [layer.kv_cache for layer in self.attn_layers]
+        for layer in self.attn_layers:
+            shape = self.backend.kv_cache_shape(
+                1, self.block_size, layer.num_kv_heads, layer.head_dim
+            )
+            layer.kv_cache, layer.backend = (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                self.backend,
+            )
+        try:
+            arrays = {
+                "input_ids": np.zeros(num_tokens, dtype=np.int64),
+                "positions": positions,
+                **self.backend.device_arrays(layout),
+                "logits_indices": (query_start_loc[1:] - 1).astype(np.int64),
+            }
+            tensors = self.staging.upload(arrays).tensors
+            with forward_context(self.backend.build_metadata(layout, tensors)):
+                hidden = self.model(tensors["input_ids"], tensors["positions"])
+            logits = self.model.compute_logits(hidden[tensors["logits_indices"]])
+            rows = torch.ones(num_seqs, device=self.device)
+            meta = SamplingMetadata(
+                temperature=rows,
+                is_greedy=rows < 0,
+                all_greedy=False,
+                top_k=torch.full((num_seqs,), 50, dtype=torch.int64, device=self.device),
+                top_p=rows * 0.9,
+                min_p=None,
+                generators={},
+            )
+            self.sampler(logits, meta)
+            del hidden, logits
+        finally:
+            for layer, kv in zip(self.attn_layers, bound):
+                layer.kv_cache = kv
+        if not is_cuda:
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - before
+
+    def cuda_graphs_wanted(self) -> bool:
+        """Graphs on a GPU unless --enforce-eager, where the backend can replay."""
+        return (
+            self.device.type == "cuda"
+            and not self.config.device.enforce_eager
+            and self.backend.supports_cuda_graphs
+        )
+
+    def capture_cuda_graphs(self, capture: GraphCapture | None = None) -> None:
+        """Capture the decode graphs (after initialize_kv_cache: they bind its caches)."""
+        budget = self.config.scheduler
+        sizes = [
+            s
+            for s in capture_sizes(budget.max_num_seqs)
+            if s <= max(budget.max_num_batched_tokens, 1)
+        ]
+        self.graphs = CUDAGraphRunner(
+            self.model, self.backend, self.device, sizes, self.max_num_blocks, capture
+        )
+        self.graphs.capture_all()
 
     def _update_states(self, output: SchedulerOutput) -> None:
         for req_id in output.finished_req_ids:
@@ -94,42 +188,87 @@ class ModelRunner:
             return ModelRunnerOutput()
         states = [self.requests[r] for r in output.num_scheduled_tokens]
         inputs = build_step_inputs(
-            states, list(output.num_scheduled_tokens.values()), self.block_size, self.device
+            states, list(output.num_scheduled_tokens.values()), self.block_size
         )
-        inputs.attn_metadata.backend_plan = self.backend.prepare(inputs.attn_metadata)
-        with forward_context(inputs.attn_metadata):
-            hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
+        graph_size = self.graphs.size_for(inputs) if self.graphs is not None else None
+        if graph_size is not None:
+            inputs = inputs.padded(graph_size, self.graphs.max_num_blocks)
+        sample_states = [self.requests[r] for r in inputs.sample_req_ids]
+        sampling = (
+            build_sampling_metadata(
+                sample_states, self.spec.vocab_size, self.spec.eos_token_ids, torch.device("cpu")
+            )
+            if sample_states
+            else None
+        )
+        staged = self.staging.upload(self._step_arrays(inputs, sampling))
+        tensors = staged.tensors
+        if graph_size is not None:
+            hidden = self.graphs.replay(graph_size, staged)  # [graph_size, hidden_size]
+        else:
+            metadata = self.backend.build_metadata(inputs.layout, tensors)
+            with forward_context(metadata):
+                hidden = self.model(tensors["input_ids"], tensors["positions"])
         result = ModelRunnerOutput()
         if inputs.prompt_logprob_spans:
-            result.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
-        if inputs.sample_req_ids:
-            self._sample(hidden, inputs, result)
+            result.prompt_logprobs = self._prompt_logprobs(hidden, inputs, tensors)
+        if sampling is not None:
+            self._sample(hidden, sample_states, _on_device(sampling, tensors), tensors, result)
         return result
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, result: ModelRunnerOutput) -> None:
-        states = [self.requests[r] for r in inputs.sample_req_ids]
+    def _step_arrays(
+        self, inputs: StepInputs, sampling: SamplingMetadata | None
+    ) -> dict[str, np.ndarray]:
+        """Everything the step reads on the device, for its one copy. A graph's
+        inputs go first, in the order the capture staged them (cuda_graphs.py)."""
+        arrays = {
+            "input_ids": inputs.input_ids,
+            "positions": inputs.positions,
+            **self.backend.device_arrays(inputs.layout),
+            "logits_indices": inputs.logits_indices,
+        }
+        if inputs.prompt_logprob_spans:
+            arrays["prompt_targets"] = self._prompt_targets(inputs)
+        if sampling is not None:
+            for field in dataclasses.fields(sampling):
+                value = getattr(sampling, field.name)
+                if isinstance(value, torch.Tensor):
+                    arrays[f"sampling.{field.name}"] = value.numpy()
+        return arrays
+
+    def _sample(
+        self,
+        hidden: torch.Tensor,
+        states: list[RequestState],
+        meta: SamplingMetadata,
+        tensors: dict[str, torch.Tensor],
+        result: ModelRunnerOutput,
+    ) -> None:
         # [num_sample, vocab_size]
         # In the model's dtype: the sampler widens to float32 where it needs to.
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        meta = build_sampling_metadata(
-            states, self.spec.vocab_size, self.spec.eos_token_ids, self.device
-        )
+        logits = self.model.compute_logits(hidden[tensors["logits_indices"]])
         sampled = self.sampler(logits, meta)
-        token_ids = sampled.token_ids.tolist()
+        # The step's one copy back: token ids (and logprobs) in one float64 block.
+        columns = [sampled.token_ids.unsqueeze(1)]
+        if sampled.sampled_logprobs is not None:
+            columns += [sampled.sampled_logprobs.unsqueeze(1), sampled.sampled_ranks.unsqueeze(1)]
+            if sampled.top_token_ids is not None:
+                columns += [sampled.top_token_ids, sampled.top_logprobs]
+        host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
+        token_ids = [int(row[0]) for row in host]
         for state, token in zip(states, token_ids):
             state.token_ids.append(token)
             result.sampled_token_ids[state.req_id] = token
         if sampled.sampled_logprobs is not None:
-            self._collect_logprobs(states, token_ids, sampled, result)
+            self._collect_logprobs(states, token_ids, host, result)
 
     @staticmethod
-    def _collect_logprobs(
-        states, token_ids, sampled: SamplerOutput, result: ModelRunnerOutput
-    ) -> None:
-        logprobs = sampled.sampled_logprobs.tolist()
-        ranks = sampled.sampled_ranks.tolist()
-        top_ids = sampled.top_token_ids.tolist() if sampled.top_token_ids is not None else None
-        top_lps = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
+    def _collect_logprobs(states, token_ids, host: list[list[float]], result) -> None:
+        logprobs = [row[1] for row in host]
+        ranks = [int(row[2]) for row in host]
+        width = (len(host[0]) - 3) // 2
+        top_ids = [[int(t) for t in row[3 : 3 + width]] for row in host] if width else None
+        top_lps = [row[3 + width :] for row in host] if width else None
         for i, state in enumerate(states):
             k = state.sampling_params.logprobs
             if k is None:
@@ -137,28 +276,51 @@ class ModelRunner:
             top = tuple(zip(top_ids[i][:k], top_lps[i][:k])) if k and top_ids else ()
             result.logprobs[state.req_id] = TokenLogprobs(token_ids[i], logprobs[i], ranks[i], top)
 
+    def _prompt_targets(self, inputs: StepInputs) -> np.ndarray:
+        """The prompt tokens each prompt-logprob row scores, span after span."""
+        targets = []
+        for req_id, (_, first_pos, count) in inputs.prompt_logprob_spans.items():
+            targets += self.requests[req_id].token_ids[first_pos + 1 : first_pos + 1 + count]
+        return np.asarray(targets, dtype=np.int64)
+
     def _prompt_logprobs(
-        self, hidden: torch.Tensor, inputs: StepInputs
+        self, hidden: torch.Tensor, inputs: StepInputs, tensors: dict[str, torch.Tensor]
     ) -> dict[str, list[TokenLogprobs]]:
-        out = {}
-        for req_id, (row, first_pos, count) in inputs.prompt_logprob_spans.items():
-            state = self.requests[req_id]
-            k = state.sampling_params.prompt_logprobs
+        out, offset = {}, 0
+        for req_id, (row, _, count) in inputs.prompt_logprob_spans.items():
+            k = self.requests[req_id].sampling_params.prompt_logprobs
             logprobs = torch.log_softmax(
                 self.model.compute_logits(hidden[row : row + count]).float(), dim=-1
             )
-            targets = torch.tensor(
-                state.token_ids[first_pos + 1 : first_pos + 1 + count], device=self.device
-            )
+            targets = tensors["prompt_targets"][offset : offset + count]
+            offset += count
             chosen = logprobs.gather(1, targets.unsqueeze(1))
-            ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
-            top_lps, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-            chosen = chosen.squeeze(1).tolist()
-            tops = list(zip(top_ids.tolist(), top_lps.tolist())) if k else None
+            columns = [
+                targets.unsqueeze(1),
+                chosen,
+                (logprobs > chosen).sum(dim=-1, keepdim=True) + 1,
+            ]
+            if k:
+                top_lps, top_ids = logprobs.topk(k, dim=-1)
+                columns += [top_ids, top_lps]
+            host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()  # one copy back
             out[req_id] = [
                 TokenLogprobs(
-                    targets[j].item(), chosen[j], ranks[j], tuple(zip(*tops[j])) if tops else ()
+                    int(r[0]),
+                    r[1],
+                    int(r[2]),
+                    tuple(zip((int(t) for t in r[3 : 3 + k]), r[3 + k :])) if k else (),
                 )
-                for j in range(count)
+                for r in host
             ]
         return out
+
+
+def _on_device(meta: SamplingMetadata, tensors: dict[str, torch.Tensor]) -> SamplingMetadata:
+    """`meta` with its tensors replaced by their staged device copies."""
+    changes = {
+        f.name: tensors[f"sampling.{f.name}"]
+        for f in dataclasses.fields(meta)
+        if f"sampling.{f.name}" in tensors
+    }
+    return dataclasses.replace(meta, **changes)

@@ -1,7 +1,8 @@
-"""Build one step's model inputs from the runner's request states.
+"""Build one step's model inputs, on the host, from the runner's request states.
 
 Per-sequence work is one slice per request; per-token work is vectorized in
-numpy, so the cost stays flat as batches grow.
+numpy, so the cost stays flat as batches grow. Nothing here touches the
+device: the runner ships these arrays in the step's one copy (staging.py).
 """
 
 from __future__ import annotations
@@ -9,30 +10,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from worker.attention.metadata import AttentionMetadata
+from worker.attention.metadata import BatchLayout
 from worker.runner.request_state import RequestState
 
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    attn_metadata: AttentionMetadata
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    layout: BatchLayout
     # Rows of the hidden states whose logits are sampled, and their requests.
-    logits_indices: torch.Tensor  # [num_sample]
+    logits_indices: np.ndarray  # [num_sample] int64
     sample_req_ids: list[str]
     # Per request: (first hidden row, first position, count) of prompt
     # positions that need prompt logprobs this step.
     prompt_logprob_spans: dict[str, tuple[int, int, int]]
 
+    def padded(self, num_seqs: int, max_num_blocks: int) -> StepInputs:
+        """This decode step padded to num_seqs rows (token 0 at position 0, slot -1)."""
+        pad = num_seqs - self.layout.num_seqs
+        zeros = np.zeros(pad, dtype=np.int64)
+        return StepInputs(
+            input_ids=np.concatenate([self.input_ids, zeros]),
+            positions=np.concatenate([self.positions, zeros]),
+            layout=self.layout.padded(num_seqs, max_num_blocks),
+            logits_indices=self.logits_indices,
+            sample_req_ids=self.sample_req_ids,
+            prompt_logprob_spans=self.prompt_logprob_spans,
+        )
+
 
 def build_step_inputs(
-    states: list[RequestState],
-    num_scheduled: list[int],
-    block_size: int,
-    device: torch.device,
+    states: list[RequestState], num_scheduled: list[int], block_size: int
 ) -> StepInputs:
     num_seqs = len(states)
     counts = np.asarray(num_scheduled, dtype=np.int64)
@@ -42,9 +52,11 @@ def build_step_inputs(
     num_tokens = int(query_start_loc[-1])
     seq_lens = starts + counts
 
-    input_ids: list[int] = []
-    for state, start, count in zip(states, starts.tolist(), num_scheduled):
-        input_ids.extend(state.token_ids[start : start + count])
+    input_ids = np.empty(num_tokens, dtype=np.int64)
+    for state, start, first, count in zip(
+        states, starts.tolist(), query_start_loc.tolist(), num_scheduled
+    ):
+        input_ids[first : first + count] = state.token_ids[start : start + count]
     # position of token j of sequence i = starts[i] + (j - query_start_loc[i])
     positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(
         starts - query_start_loc[:-1], counts
@@ -73,22 +85,17 @@ def build_step_inputs(
             if last > first:
                 prompt_logprob_spans[state.req_id] = (int(query_start_loc[i]), first, last - first)
 
-    def to_device(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(device, non_blocking=True)
-
-    metadata = AttentionMetadata(
-        slot_mapping=to_device(slot_mapping),
-        block_tables=to_device(block_tables),
-        query_start_loc=query_start_loc.tolist(),
-        seq_lens=seq_lens.tolist(),
-        max_query_len=int(counts.max()),
-        max_seq_len=int(seq_lens.max()),
+    layout = BatchLayout(
+        query_start_loc=query_start_loc.astype(np.int32),
+        seq_lens=seq_lens.astype(np.int32),
+        block_tables=block_tables,
+        slot_mapping=slot_mapping,
     )
     return StepInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=to_device(positions),
-        attn_metadata=metadata,
-        logits_indices=torch.tensor(sample_rows, dtype=torch.int64, device=device),
+        input_ids=input_ids,
+        positions=positions,
+        layout=layout,
+        logits_indices=np.asarray(sample_rows, dtype=np.int64),
         sample_req_ids=sample_req_ids,
         prompt_logprob_spans=prompt_logprob_spans,
     )

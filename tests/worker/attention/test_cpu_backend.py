@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
+import numpy as np
 import pytest
 import torch
 
 from worker.attention.backends import get_attention_backend
 from worker.attention.backends.cpu import shared_leading_blocks
-from worker.attention.metadata import AttentionMetadata
+from worker.attention.metadata import BatchLayout
 
 
 def _run_step(
@@ -18,17 +17,20 @@ def _run_step(
     """One attention call through backend `name` ("cpu", or "torch", the reference,
     run in float32 on the same values): (output, backend, metadata)."""
     backend = get_attention_backend(name, "cpu")
-    meta = AttentionMetadata(
-        slot_mapping=slot_mapping,
-        block_tables=block_tables,
-        query_start_loc=query_start_loc,
-        seq_lens=seq_lens,
-        max_query_len=max(b - a for a, b in itertools.pairwise(query_start_loc)),
-        max_seq_len=max(seq_lens),
+    layout = BatchLayout(
+        query_start_loc=np.asarray(query_start_loc, dtype=np.int32),
+        seq_lens=np.asarray(seq_lens, dtype=np.int32),
+        block_tables=block_tables.numpy(),
+        slot_mapping=slot_mapping.numpy(),
     )
-    meta.backend_plan = backend.prepare(meta)
+    arrays = {n: torch.from_numpy(a) for n, a in backend.device_arrays(layout).items()}
+    meta = backend.build_metadata(layout, arrays)
     q, k, v = (t.float() if name == "torch" else t for t in qkv)
-    return backend.forward(q, k, v, *caches, meta, scale, window), backend, meta
+    kv_cache = torch.stack(caches)  # [2, num_blocks, block_size, heads, dim]: the backends' layout
+    out = backend.forward(q, k, v, kv_cache, meta, scale, window)
+    for cache, written in zip(caches, kv_cache):
+        cache.copy_(written)
+    return out, backend, meta
 
 
 @pytest.mark.parametrize(
@@ -141,11 +143,11 @@ def test_decode_rows_sharing_a_prefix_run_as_a_cascade(dtype):
             query_start_loc, seq_lens, 0.125, None,
         )  # fmt: skip
         if name == "cpu":
-            assert meta.backend_plan.cascade_blocks == 10
-            assert meta.backend_plan.decode_min_len == 161
-            prefix_len = backend._cascade_prefix_len(query, caches[0], meta.backend_plan, None)
+            assert meta.cascade_blocks == 10
+            assert meta.decode_min_len == 161
+            prefix_len = backend._cascade_prefix_len(query, caches[0], meta, None)
             assert prefix_len == (160 if backend._kernel_prefill(query, caches[0]) else 0)
-            assert backend._cascade_prefix_len(query, caches[0], meta.backend_plan, 64) == 0
+            assert backend._cascade_prefix_len(query, caches[0], meta, 64) == 0
     tolerance = 2e-2 if dtype == torch.bfloat16 else 2e-5
     torch.testing.assert_close(
         outputs["cpu"].float(), outputs["torch"], atol=tolerance, rtol=tolerance

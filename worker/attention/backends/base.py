@@ -1,24 +1,51 @@
-"""The interface attention backends implement."""
+"""The interface attention backends implement.
+
+A backend owns three things the runner does not know about:
+* its KV cache layout (`kv_cache_shape`, `split_kv_cache`): the runner
+  allocates one tensor per layer of the shape the backend asks for;
+* its metadata: `device_arrays` names the host arrays it needs on the device
+  (they travel in the step's one host-to-device copy), `build_metadata` makes
+  its metadata from their device copies;
+* the attention itself (`forward`), which also writes the new K/V.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
+import numpy as np
 import torch
 
-from worker.attention.metadata import AttentionMetadata
+from worker.attention.metadata import AttentionMetadata, BatchLayout
 
 
 class AttentionBackend(ABC):
-    """Writes a step's new K/V into the paged cache and attends over it."""
-
     name: str
+    # Whether forward() reads nothing from the host, so a CUDA graph can replay it
+    # from static buffers (its metadata built only from device arrays and shapes).
+    supports_cuda_graphs: bool = False
 
-    def prepare(self, metadata: AttentionMetadata) -> Any:
-        """Per-step work shared by all layers (partitioning, index tensors); the
-        runner stores the result in `metadata.backend_plan`."""
-        return None
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        """One layer's KV cache; by default K and V pools side by side,
+        [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def split_kv_cache(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key_cache, value_cache), each [num_blocks, block_size, num_kv_heads,
+        head_dim] by its strides."""
+        return kv_cache[0], kv_cache[1]
+
+    def device_arrays(self, layout: BatchLayout) -> dict[str, np.ndarray]:
+        """The host arrays this backend reads on the device (in this order)."""
+        return {"slot_mapping": layout.slot_mapping}
+
+    @abstractmethod
+    def build_metadata(
+        self, layout: BatchLayout, arrays: dict[str, torch.Tensor]
+    ) -> AttentionMetadata:
+        """This step's metadata; `arrays` are the device copies of device_arrays()."""
 
     @abstractmethod
     def forward(
@@ -26,10 +53,9 @@ class AttentionBackend(ABC):
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        value_cache: torch.Tensor,
+        kv_cache: torch.Tensor,  # this layer's, of kv_cache_shape()
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:
-        """Return [num_tokens, num_heads, head_dim]."""
+        """Write the new K/V into the cache, return [num_tokens, num_heads, head_dim]."""

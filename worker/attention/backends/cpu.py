@@ -22,8 +22,11 @@ import torch.nn.functional as F
 from kernels.cpu import load_cpu_kernels
 from shared import env
 from worker.attention.backends.base import AttentionBackend
-from worker.attention.backends.torch_reference import TorchReferenceBackend
-from worker.attention.metadata import AttentionMetadata
+from worker.attention.backends.torch_reference import (
+    TorchAttentionMetadata,
+    TorchReferenceBackend,
+)
+from worker.attention.metadata import BatchLayout
 
 # A cascade pays from 8 decode sequences sharing 128 tokens (measured: 8 x 200
 # tokens over a 128-token prefix, 52 -> 39 us per layer; 32 x 560 over 512,
@@ -40,7 +43,10 @@ def shared_leading_blocks(block_tables: torch.Tensor) -> int:
 
 
 @dataclass
-class CPUAttentionPlan:
+class CPUAttentionMetadata(TorchAttentionMetadata):
+    """The reference's metadata (the fallback for head shapes the kernels do not
+    take) plus the decode/prefill partition, made once per step for all layers."""
+
     decode_rows: torch.Tensor  # [num_decode] int64, query rows of decode sequences
     decode_block_tables: torch.Tensor  # [num_decode, max_num_blocks] int32
     decode_seq_lens: torch.Tensor  # [num_decode] int32
@@ -71,25 +77,36 @@ class CPUAttentionBackend(AttentionBackend):
             self._supported[shape] = self.kernels is not None and self.kernels.supports(*shape)
         return self._supported[shape]
 
-    def prepare(self, metadata: AttentionMetadata) -> CPUAttentionPlan:
-        starts = metadata.query_start_loc
-        decode_ids = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+    def device_arrays(self, layout):
+        return {"slot_mapping": layout.slot_mapping, "block_tables": layout.block_tables}
+
+    def build_metadata(self, layout: BatchLayout, arrays) -> CPUAttentionMetadata:
+        starts = layout.query_start_loc.tolist()
+        seq_lens = layout.seq_lens.tolist()
+        num_seqs = len(seq_lens)
+        block_tables = arrays["block_tables"]
+        decode_ids = [i for i in range(num_seqs) if starts[i + 1] - starts[i] == 1]
         prefills = [
-            (i, starts[i], starts[i + 1], metadata.seq_lens[i])
-            for i in range(metadata.num_seqs)
+            (i, starts[i], starts[i + 1], seq_lens[i])
+            for i in range(num_seqs)
             if starts[i + 1] - starts[i] > 1
         ]
         index = torch.tensor(decode_ids, dtype=torch.int64)
         prefill_index = torch.tensor([p[0] for p in prefills], dtype=torch.int64)
-        decode_tables = metadata.block_tables.index_select(0, index).contiguous()
-        decode_lens = [metadata.seq_lens[i] for i in decode_ids]
-        return CPUAttentionPlan(
+        decode_tables = block_tables.index_select(0, index).contiguous()
+        decode_lens = [seq_lens[i] for i in decode_ids]
+        return CPUAttentionMetadata(
+            num_tokens=layout.num_tokens,
+            slot_mapping=arrays["slot_mapping"],
+            block_tables=block_tables,
+            query_start_loc=starts,
+            seq_lens=seq_lens,
             decode_rows=torch.tensor([starts[i] for i in decode_ids], dtype=torch.int64),
             decode_block_tables=decode_tables,
             decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32),
             decode_seq_ids=decode_ids,
             prefills=prefills,
-            prefill_block_tables=metadata.block_tables.index_select(0, prefill_index).contiguous(),
+            prefill_block_tables=block_tables.index_select(0, prefill_index).contiguous(),
             prefill_seq_lens=torch.tensor([p[3] for p in prefills], dtype=torch.int32),
             prefill_ranges=torch.tensor([p[1:3] for p in prefills], dtype=torch.int64).view(-1, 2),
             cascade_blocks=shared_leading_blocks(decode_tables)
@@ -98,12 +115,13 @@ class CPUAttentionBackend(AttentionBackend):
             decode_min_len=min(decode_lens, default=0),
         )
 
-    def forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
+    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):
         if not self._supports(query.shape[1], key.shape[1], query.shape[2]):
             return self.reference.forward(
-                query, key, value, key_cache, value_cache, metadata, scale, sliding_window
+                query, key, value, kv_cache, metadata, scale, sliding_window
             )
-        plan: CPUAttentionPlan = metadata.backend_plan
+        key_cache, value_cache = self.split_kv_cache(kv_cache)
+        plan: CPUAttentionMetadata = metadata
         self.kernels.write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         # query is a view into the fused QKV rows: the kernels take its row stride,
         # which saves a copy per layer (17 us at 32 decode rows).

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU device check: the `gpu`-marked tests, then bench/gpu_check.py (mixed and
+# decode at batch 1/16/64, CUDA graphs vs --enforce-eager, HBM roofline fraction).
+# Usage: bench/gpu_check.sh RESULTS_DIR      (from the repository root)
+# Needs: a CUDA GPU, PyTorch (2.11 or later) with Triton (3.6 or later), numpy,
+# safetensors, transformers, pytest (+ pytest-timeout): the packages of
+# pyproject.toml's dependencies that the engine imports; wheel files placed in
+# ./wheels/ beside the tree are installed first, without the network.
+# No network is used. Finishes in about 8 minutes on an H200.
+set -euo pipefail
+out=${1:?usage: bench/gpu_check.sh RESULTS_DIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+if compgen -G "wheels/*.whl" >/dev/null; then
+    python -m pip install --no-index --no-deps wheels/*.whl 2>&1 | tail -1
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+python - <<'PY' | tee "$out/environment.txt"
+import torch, triton
+print("torch", torch.__version__, "triton", triton.__version__)
+print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+PY
+echo "== gpu tests" | tee "$out/gpu_tests.txt"
+timeout 300 python -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+    tests/kernels tests/worker/test_exactness_triton.py 2>&1 | tee -a "$out/gpu_tests.txt" || true
+echo "== benchmarks"
+timeout 420 python -m bench.gpu_check --out "$out" 2>&1 | tee "$out/gpu_check.log"
+python - "$out/gpu_check.jsonl" <<'PY' | tee "$out/summary.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for r in rows:
+    if r["kind"] == "copy_bandwidth":
+        print(f"copy bandwidth {r['bytes_per_s'] / 1e12:.2f} TB/s on {r['device']}")
+    elif r["kind"] == "mixed":
+        print(f"mixed  graphs={r['cuda_graphs']!s:5}  {r['output_tokens_per_s']:9.0f} out tok/s")
+    else:
+        print(
+            f"decode b={r['batch']:<3} graphs={r['cuda_graphs']!s:5}  {r['output_tokens_per_s']:9.0f}"
+            f" out tok/s  step {r['step_ms']:.2f} ms  roofline {100 * r['hbm_roofline_fraction']:.0f}%"
+        )
+PY
