@@ -4,6 +4,8 @@ cluster of two workers and three routers over a Redis of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,17 +54,24 @@ class Served:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=API_KEY, max_retries=0)
 
 
+@contextmanager
+def serving(args: list[str], log_path: Path, num_workers: int) -> Iterator[Served]:
+    """`pagoda serve ARGS` until the block ends, once `num_workers` workers serve."""
+    router = start_router("serve", args, log_path)
+    try:
+        wait_serving(router.process, router.base_url, num_workers)
+        yield Served(router)
+    finally:
+        router.process.stop()
+
+
 @pytest.fixture(scope="session")
 def served(make_checkpoint, tmp_path_factory):
     """`pagoda serve` with two workers; no Redis (its embedded store)."""
     args = [str(make_checkpoint("llama")), "--num-workers=2", f"--served-model-name={MODEL}"]
     args += [f"--api-key={API_KEY}", *ENGINE_FLAGS]
-    router = start_router("serve", args, tmp_path_factory.mktemp("serve") / "serve.log")
-    try:
-        wait_serving(router.process, router.base_url, 2)
-        yield Served(router)
-    finally:
-        router.process.stop()
+    with serving(args, tmp_path_factory.mktemp("serve") / "serve.log", 2) as served:
+        yield served
 
 
 @dataclass

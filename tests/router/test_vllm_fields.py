@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from router.text.tokenizer import Tokenizer
-from tests.cluster import ENGINE_FLAGS, start_router, wait_serving
-from tests.router.conftest import MODEL, Served
+from tests.cluster import ENGINE_FLAGS
+from tests.router.conftest import MODEL, serving
 
 PROMPT = "The pagoda stood on the hill and"
 BOS = "<|endoftext|>"
@@ -59,12 +59,8 @@ def special_checkpoint(make_checkpoint, tmp_path_factory):
 def special(special_checkpoint, tmp_path_factory):
     args = [str(special_checkpoint), f"--served-model-name={MODEL}", *ENGINE_FLAGS]
     args += ["--scheduling-policy=priority", "--max-num-seqs=1"]
-    router = start_router("serve", args, tmp_path_factory.mktemp("special") / "serve.log")
-    try:
-        wait_serving(router.process, router.base_url, 1)
-        yield Served(router)
-    finally:
-        router.process.stop()
+    with serving(args, tmp_path_factory.mktemp("special") / "serve.log", 1) as served:
+        yield served
 
 
 @pytest.mark.parametrize("stream", [False, True])
