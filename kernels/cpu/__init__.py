@@ -7,9 +7,11 @@ still runs, only slower.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
+import shutil
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -45,11 +47,11 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fope
 
 def _build_dir() -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
-    # And by the sources' paths: ninja's build command names them, so two checkouts
-    # sharing one folder would each rebuild the other's build on every load.
+    # Keyed by content alone, so every checkout of the same sources shares one build
+    # (the sources are compiled from a copy inside the folder, see _staged_sources).
     digest = hashlib.sha256()
     for source in [*_SOURCES, *_HEADERS]:
-        digest.update(str(source.resolve()).encode())
+        digest.update(source.name.encode())
         digest.update(source.read_bytes())
     digest.update(" ".join(_FLAGS).encode())
     digest.update(platform.machine().encode())
@@ -60,6 +62,19 @@ def _build_dir() -> Path:
     path = root / digest.hexdigest()[:16]
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _staged_sources(build_dir: Path) -> list[Path]:
+    """The sources copied into `build_dir/src`: ninja's build command names the
+    source paths, so compiling a checkout's own files would make two checkouts
+    sharing the folder rebuild each other's build on every load."""
+    src = build_dir / "src"
+    src.mkdir(exist_ok=True)
+    for source in [*_SOURCES, *_HEADERS]:
+        target = src / source.name
+        if not target.exists() or target.read_bytes() != source.read_bytes():
+            shutil.copyfile(source, target)
+    return [src / s.name for s in _SOURCES]
 
 
 def _cpu_model() -> str:
@@ -81,14 +96,22 @@ def load_cpu_kernels() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(
-            name="pagoda_cpu_kernels",
-            sources=[str(s) for s in _SOURCES],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(_build_dir()),
-            verbose=False,
-        )
+        build_dir = _build_dir()
+        with open(build_dir / "pagoda.lock", "w") as guard:
+            # torch's own lock is a file that a build killed midway leaves behind, and
+            # every later load then waits on it forever. Whoever holds this flock (the
+            # kernel drops it when a process dies) is the only builder, so a `lock`
+            # file found while holding it is stale.
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (build_dir / "lock").unlink(missing_ok=True)
+            return load(
+                name="pagoda_cpu_kernels",
+                sources=[str(s) for s in _staged_sources(build_dir)],
+                extra_cflags=_FLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except Exception as exc:  # no compiler, no ninja, headers missing: run the reference
         logger.warning("CPU kernels unavailable, using the plain-PyTorch reference: %s", exc)
         return None

@@ -1,4 +1,4 @@
-"""The CPU kernels' build folder: one per source content and checkout."""
+"""The CPU kernels' build folder: one per source content, shared by checkouts."""
 
 from __future__ import annotations
 
@@ -7,14 +7,33 @@ import shutil
 import kernels.cpu as cpu
 
 
-def test_same_source_in_another_checkout_builds_in_its_own_folder(tmp_path, monkeypatch):
+def test_same_source_in_another_checkout_shares_the_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
     here = cpu._build_dir()
     assert cpu._build_dir() == here  # stable
     copy = tmp_path / "other-checkout" / cpu._SOURCES[0].name
     copy.parent.mkdir()
     shutil.copy(cpu._SOURCES[0], copy)
-    monkeypatch.setattr(cpu, "_SOURCES", [copy])
-    # ninja's build command names the source path: sharing a folder would make each
-    # checkout rebuild the other's kernel on every load.
+    monkeypatch.setattr(cpu, "_SOURCES", [copy, *cpu._SOURCES[1:]])
+    assert cpu._build_dir() == here
+
+
+def test_changed_source_gets_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
+    here = cpu._build_dir()
+    copy = tmp_path / "edited" / cpu._SOURCES[0].name
+    copy.parent.mkdir()
+    copy.write_bytes(cpu._SOURCES[0].read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(cpu, "_SOURCES", [copy, *cpu._SOURCES[1:]])
     assert cpu._build_dir() != here
+
+
+def test_sources_compile_from_a_copy_inside_the_folder(tmp_path, monkeypatch):
+    # ninja's command names these paths: they must not depend on the checkout.
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
+    build_dir = cpu._build_dir()
+    staged = cpu._staged_sources(build_dir)
+    assert staged == [build_dir / "src" / s.name for s in cpu._SOURCES]
+    assert all(p.read_bytes() == s.read_bytes() for p, s in zip(staged, cpu._SOURCES))
+    for header in cpu._HEADERS:
+        assert (build_dir / "src" / header.name).read_bytes() == header.read_bytes()
