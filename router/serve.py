@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import signal
 from dataclasses import dataclass, field
 
@@ -40,7 +39,15 @@ logger = get_logger(__name__)
 # Router flags `serve` takes from the engine's (same name, same meaning) or sets itself.
 _ROUTER_SKIP = ("worker", "served_model_name", "tokenizer")
 # Worker-service flags that `serve` sets itself, or that the router flags already name.
-_WORKER_SKIP = ("host", "port", "advertise_address", "worker_id", "redis_url", "redis_prefix")
+_WORKER_SKIP = (
+    "host",
+    "port",
+    "advertise_address",
+    "worker_id",
+    "redis_url",
+    "redis_prefix",
+    "parent_pid",
+)
 
 
 @dataclass(frozen=True)
@@ -59,15 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, ServeConfig)
 
 
-def worker_flags(engine: EngineConfig, service: WorkerServiceConfig, num_workers: int) -> list[str]:
-    """The flags every child gets (port and devices are per child)."""
-    device = engine.device
-    if device.cpu_threads is None:  # N workers share the cores instead of all taking all
-        threads = max(1, (os.cpu_count() or 1) // num_workers)
-        device = dataclasses.replace(device, cpu_threads=threads)
+def worker_flags(engine: EngineConfig, service: WorkerServiceConfig) -> list[str]:
+    """The flags every child gets (port, devices and CPU cores are per child)."""
     flags = ["--model", engine.model.model]
-    for group in (engine.model, engine.cache, engine.scheduler, engine.parallel, device):
+    for group in (engine.model, engine.cache, engine.scheduler, engine.parallel):
         flags += dataclass_to_args(group, skip=("model",))
+    flags += dataclass_to_args(engine.device, skip=("cpu_cores",))
     flags += dataclass_to_args(service, skip=_WORKER_SKIP)
     return flags
 
@@ -109,11 +113,12 @@ def run(args: argparse.Namespace) -> int:
         router_config = dataclass_from_args(RouterConfig, args)
         children = WorkerChildren(
             serve_config.num_workers,
-            worker_flags(engine, service, serve_config.num_workers),
+            worker_flags(engine, service),
             router_config.redis_url,
             router_config.redis_prefix,
             engine.parallel.tensor_parallel_size,
             engine.device.device,
+            engine.device.cpu_cores,
         )
         router_config = dataclasses.replace(
             router_config,

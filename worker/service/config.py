@@ -43,6 +43,13 @@ class WorkerServiceConfig:
         default=30.0,
         metadata={"help": "Seconds in-flight requests get to finish after SIGTERM."},
     )
+    parent_pid: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop (as on SIGTERM) when the process with this id is gone; "
+            "pagoda serve sets it for its workers."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
