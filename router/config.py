@@ -112,6 +112,14 @@ class RouterConfig:
     discovery_interval: float = field(
         default=1.0, metadata={"help": "Seconds between reads of the Redis worker registry."}
     )
+    worker_metrics_url: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "[NAME=]URL of a worker's metrics whose series GET /metrics includes, "
+            "labelled worker=NAME (default: the URL's host:port); repeatable; pagoda serve "
+            "sets them for its workers."
+        },
+    )
     enable_request_id_headers: bool = field(
         default=False,
         metadata={

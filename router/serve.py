@@ -37,7 +37,7 @@ from worker.service.config import WorkerServiceConfig
 logger = get_logger(__name__)
 
 # Router flags `serve` takes from the engine's (same name, same meaning) or sets itself.
-_ROUTER_SKIP = ("worker", "served_model_name", "tokenizer")
+_ROUTER_SKIP = ("worker", "served_model_name", "tokenizer", "worker_metrics_url")
 # Worker-service flags that `serve` sets itself, or that the router flags already name.
 _WORKER_SKIP = (
     "host",
@@ -47,6 +47,7 @@ _WORKER_SKIP = (
     "redis_url",
     "redis_prefix",
     "parent_pid",
+    "metrics_port",
 )
 
 
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             router_config,
             # With Redis the router finds the workers in the registry.
             worker=() if router_config.redis_url else tuple(children.addresses),
+            worker_metrics_url=tuple(children.metrics_targets),
             served_model_name=engine.model.name,
             tokenizer=engine.model.tokenizer or engine.model.model,
         )

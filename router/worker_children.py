@@ -78,6 +78,13 @@ class WorkerChildren:
             self._flags = [*flags, "--redis-url", redis_url, "--redis-prefix", redis_prefix]
         self.ports = [free_port() for _ in range(num_workers)]
         self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        self.metrics_ports = [free_port() for _ in range(num_workers)]
+        # Labelled by the worker's own id (its default: HOSTNAME-PORT), as the router's
+        # other per-worker series and the x-pagoda-worker header name it.
+        self.metrics_targets = [
+            f"{socket.gethostname()}-{port}=http://127.0.0.1:{metrics_port}/metrics"
+            for port, metrics_port in zip(self.ports, self.metrics_ports)
+        ]
         self._devices = self._assign_devices(num_workers, tensor_parallel_size, device)
         self.cores = self._assign_cores(num_workers, device, cpu_cores, self._devices)
         self.processes: list[subprocess.Popen] = []
@@ -133,6 +140,8 @@ class WorkerChildren:
                 str(port),
                 "--parent-pid",
                 str(os.getpid()),
+                "--metrics-port",
+                str(self.metrics_ports[i]),
             ]
             cores = self.cores[i]
             where = ""

@@ -31,6 +31,7 @@ from router.openai.responses import guarded_sse
 from router.openai.tokenization import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from router.routing.worker_stream import WorkerFailedError
 from router.state import RouterState
+from router.worker_metrics import WorkerMetricsScraper
 from shared.logging import get_logger
 
 logger = get_logger(__name__)
@@ -76,6 +77,7 @@ async def _disconnected(request: Request) -> None:
 def build_app(state: RouterState) -> RequestLog:
     app = FastAPI(title="Pagoda", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = state.metrics
+    worker_metrics = WorkerMetricsScraper(state.config.worker_metrics_url)
 
     def error_response(api: str, exc: BaseException) -> JSONResponse:
         status, body = describe(exc)
@@ -199,7 +201,8 @@ def build_app(state: RouterState) -> RequestLog:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        body = metrics.render() + await worker_metrics.render()
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
