@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("router.cli", "Serve the OpenAI HTTP and gRPC text APIs in front of workers."),
     "serve": ("router.serve", "Serve a model on this machine: a router and N workers."),
     "bench": ("bench.cli", "Benchmarks: workloads, offline and online runs, roofline, summary."),
+    "build-kernels": (
+        "kernels.build_cli",
+        "Compile the CPU kernels for this machine now (else the first worker start does).",
+    ),
 }
 
 

@@ -134,3 +134,12 @@ def test_the_dashboard_asks_only_for_series_pagoda_serves():
     asked = {name for expr in exprs for name in re.findall(r"(?:vllm:|pagoda_router_)\w+", expr)}
     assert any(name.startswith("vllm:") for name in asked)
     assert asked <= served, asked - served
+
+
+def test_the_image_builds_the_cpu_kernels_and_leaves_local_clutter_out():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    install = dockerfile.index("RUN pip install --no-cache-dir .")
+    assert dockerfile.index("RUN pagoda build-kernels") > install
+    assert "ENV PAGODA_KERNEL_CACHE=" in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "venv", ".git", "tests"} <= set(ignored)
