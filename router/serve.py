@@ -31,6 +31,7 @@ from router.worker_children import WorkerChildren
 from shared.cli_args import add_dataclass_args, dataclass_from_args, dataclass_to_args
 from shared.errors import ConfigError
 from shared.logging import get_logger
+from shared.vllm_flags import add_vllm_habit_flags
 from worker.config import EngineConfig
 from worker.service.config import WorkerServiceConfig
 
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, RouterConfig, skip=_ROUTER_SKIP)
     add_dataclass_args(parser, WorkerServiceConfig, skip=_WORKER_SKIP)
     add_dataclass_args(parser, ServeConfig)
+    add_vllm_habit_flags(parser)
 
 
 def worker_flags(engine: EngineConfig, service: WorkerServiceConfig) -> list[str]:
@@ -87,23 +89,34 @@ async def serve(router_config: RouterConfig, children: WorkerChildren) -> int:
     children.start()
     server = RouterServer(router_config)
     watch = asyncio.create_task(children.watch(stop))
+    announce = None
     try:
         await server.start()
-        logger.info(
-            "serving at http://%s:%d/v1 with %d workers (Ctrl-C stops everything)",
-            router_config.host,
-            server.http_port,
-            len(children.processes),
-        )
+        announce = asyncio.create_task(_announce_when_serving(server, len(children.processes)))
         await stop.wait()
         logger.info("shutting down: the router first, then the workers")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: no more waiting
             loop.add_signal_handler(sig, children.kill)
         watch.cancel()
+        if announce is not None:
+            announce.cancel()
         await server.stop()
         await asyncio.to_thread(children.stop)
     return 0 if not children.failed else 1
+
+
+async def _announce_when_serving(server, num_workers: int) -> None:
+    """ "serving at" once a request can be served, not while the workers still load."""
+    while not server.is_serving():
+        await asyncio.sleep(0.2)
+    logger.info(
+        "serving at http://%s:%d/v1 (%d of %d workers ready; Ctrl-C stops everything)",
+        server.config.host,
+        server.http_port,
+        len(server.pool.serving()),
+        num_workers,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -103,6 +103,7 @@ def test_workers_still_loading_die_with_serve(never_loading_checkpoint, tmp_path
         )
         pids = worker_pids(router.process.log())
         assert len(pids) == 2
+        assert "serving at" not in router.process.log()  # nothing can be served yet
         kill_serve_and_wait_for_orphans(router, pids)
     finally:
         router.process.stop()

@@ -11,6 +11,7 @@ import signal
 from shared.cli_args import add_dataclass_args, dataclass_from_args
 from shared.errors import ConfigError, UnavailableError
 from shared.logging import get_logger
+from shared.vllm_flags import add_vllm_habit_flags
 from worker.config import EngineConfig
 from worker.service.config import WorkerServiceConfig
 from worker.service.parent_watch import watch_parent
@@ -21,6 +22,7 @@ logger = get_logger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     EngineConfig.add_cli_args(parser, positional_model=False)
     add_dataclass_args(parser, WorkerServiceConfig)
+    add_vllm_habit_flags(parser)
 
 
 class StoppedWhileLoading(Exception):
