@@ -23,7 +23,9 @@ _ACCEPTED = {
     "--disable-log-stats": "Pagoda logs no periodic stats; the workers' /metrics has them",
     "--swap-space": "Pagoda recomputes preempted requests and swaps nothing to CPU memory, "
     "as vLLM's v1 engine",
-    "--disable-uvicorn-access-log": "the router's access log is --disable-log-requests",
+    "--disable-uvicorn-access-log": "the router logs no access line per request (as "
+    "--disable-log-requests)",
+    "--enable-log-requests": "the router logs one access line per request by default",
     "--uvicorn-log-level": "Pagoda's log level is --log-level (before the subcommand)",
 }
 # flag -> why it is refused, and what to use instead
@@ -42,6 +44,8 @@ class _Note(argparse.Action):
         notes = list(getattr(namespace, NOTES, None) or [])
         notes.append(f"{option}: {_ACCEPTED[option]}")
         setattr(namespace, NOTES, notes)
+        if option == "--disable-uvicorn-access-log":  # vLLM's meaning, on Pagoda's flag
+            namespace.disable_log_requests = True
 
 
 class _Refuse(argparse.Action):

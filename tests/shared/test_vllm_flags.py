@@ -39,3 +39,12 @@ def test_help_shows_the_defaults(capsys):
     assert "Worker processes to start. (default: 1)" in text
     assert "Most requests running at once. (default: 256)" in text
     assert "(default: None)" not in text
+
+
+def test_disable_uvicorn_access_log_turns_the_access_log_off():
+    from router.config import RouterConfig
+    from shared.cli_args import dataclass_from_args
+
+    args = parse("router", "--worker=h:1", "--disable-uvicorn-access-log")
+    assert dataclass_from_args(RouterConfig, args).disable_log_requests is True
+    assert dataclass_from_args(RouterConfig, parse("router")).disable_log_requests is False
