@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shared.sampling_params import MAX_LOGPROBS
-
 NOTES = "vllm_notes"  # where the accepted flags' notes wait until logging is set up
 
 # flag -> the note logged when it is given
@@ -53,15 +51,6 @@ class _Refuse(argparse.Action):
         parser.error(f"{option}: {_REFUSED[option]}")
 
 
-class _MaxLogprobs(argparse.Action):
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option=None):
-        if int(values) != MAX_LOGPROBS:
-            parser.error(
-                f"--max-logprobs: Pagoda's limit is {MAX_LOGPROBS} (vLLM's default) and not "
-                f"configurable yet; a request asking for more is a 400 naming the field"
-            )
-
-
 def add_vllm_habit_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vLLM flags with no Pagoda flag of the same name")
     for flag, note in _ACCEPTED.items():
@@ -73,12 +62,4 @@ def add_vllm_habit_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag, action=_Refuse, dest=f"_{flag}", metavar="VALUE", help=f"Refused: {message}."
         )
-    group.add_argument(
-        "--max-logprobs",
-        action=_MaxLogprobs,
-        type=int,
-        dest="_max_logprobs",
-        metavar="N",
-        help=f"Accepted at {MAX_LOGPROBS}, Pagoda's fixed limit (vLLM's default).",
-    )
     parser.set_defaults(**{NOTES: []})
