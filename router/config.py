@@ -112,6 +112,24 @@ class RouterConfig:
     discovery_interval: float = field(
         default=1.0, metadata={"help": "Seconds between reads of the Redis worker registry."}
     )
+    worker_metrics_url: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "[NAME=]URL of a worker's metrics whose series GET /metrics includes, "
+            "labelled worker=NAME (default: the URL's host:port); repeatable; pagoda serve "
+            "sets them for its workers."
+        },
+    )
+    enable_request_id_headers: bool = field(
+        default=False,
+        metadata={
+            "help": "Answer with the request's X-Request-Id header (the client's, or the id "
+            "the router gave it); the client's is used for response ids either way."
+        },
+    )
+    disable_log_requests: bool = field(
+        default=False, metadata={"help": "No access log line per HTTP request."}
+    )
     shutdown_timeout: float = field(
         default=30.0, metadata={"help": "Seconds open requests get to finish on shutdown."}
     )

@@ -39,8 +39,10 @@ class ModelContext:
         chat_template: ChatTemplate | None,
         num_threads: int,
         default_sampling_params: sampling_pb2.SamplingParams | None = None,
+        root: str | None = None,
     ) -> None:
         self.name = name
+        self.root = root or name  # the checkpoint the workers loaded
         self.limits = limits
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -69,6 +71,7 @@ class ModelContext:
             template,
             config.tokenizer_threads,
             info.default_sampling_params,
+            root=info.model,
         )
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cli_args import add_dataclass_args, dataclass_from_args, parse_bytes
+from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -177,7 +178,16 @@ class DeviceConfig:
         default="auto", metadata={"help": "auto, cpu or cuda.", "choices": ("auto", "cpu", "cuda")}
     )
     cpu_threads: int | None = field(
-        default=None, metadata={"help": "Threads for CPU compute (default: all cores)."}
+        default=None,
+        metadata={"help": "Threads for CPU compute (default: one per core this worker may use)."},
+    )
+    cpu_cores: str | None = field(
+        default=None,
+        metadata={
+            "help": "CPU cores this worker runs on, as a Linux cpulist (e.g. 0-3,8); every "
+            "thread is pinned there (default: all this process may use; pagoda serve gives "
+            "each worker its own)."
+        },
     )
     enforce_eager: bool = field(
         default=False,
@@ -192,6 +202,11 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         _positive("cpu_threads", self.cpu_threads)
+        if self.cpu_cores is not None:
+            try:
+                parse_core_list(self.cpu_cores)
+            except ValueError as exc:
+                raise ConfigError(f"--cpu-cores: {exc}") from None
 
 
 _GROUPS = {

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from router.errors import UnsupportedFieldError
 from router.generation import Generation
 from router.openai.protocol import ChatCompletionRequest, TextPart
+from router.openai.request_log import new_request_id
 from router.openai.responses import (
     Envelope,
     LogprobFormat,
@@ -114,7 +114,7 @@ class ChatCompletion:
         message = request_message(request, max_tokens, logprobs, request.prompt_logprobs)
         plan = await plan_sampling(model, message, [prompt], "messages")
         generation = Generation(
-            model, state.dispatcher, state.metrics, f"chatcmpl-{uuid.uuid4().hex}", plan.prompts,
+            model, state.dispatcher, state.metrics, new_request_id("chatcmpl"), plan.prompts,
             plan.params, plan.text, request.cache_salt, arrival, request.priority,
         )  # fmt: skip
         await generation.start()

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from worker.engine.llm_engine import LLMEngine
 from worker.kv_cache.block_pool import KVCacheEvent
 from worker.outputs import RequestDelta
 from worker.service.load import LoadTracker, queued_prefill_tokens
+from worker.service.metrics import WorkerMetrics
 
 logger = get_logger(__name__)
 
@@ -91,6 +93,7 @@ class EngineLoop:
         self._load = load
         self._max_waiting = max_waiting
         self.on_kv_events = on_kv_events  # set before requests arrive; read between steps
+        self.metrics: WorkerMetrics | None = None  # likewise
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: Batch = []
         # engine id -> samples not finished yet
@@ -154,7 +157,10 @@ class EngineLoop:
             if engine.has_unfinished_requests():
                 self._step()
             elif self._is_load_stale:  # e.g. the last request was aborted: no step follows
-                self._load.record_step(engine.core.scheduler.make_stats(), 0, 0)
+                stats = engine.core.scheduler.make_stats()
+                self._load.record_step(stats, 0, 0)
+                if self.metrics is not None:
+                    self.metrics.idle(stats)
             self._is_load_stale = False
             self._flush()
 
@@ -167,6 +173,8 @@ class EngineLoop:
             if self._unfinished.pop(command.engine_id, None) is not None:
                 self.engine.abort_request(command.engine_id)
                 self._is_load_stale = True
+                if self.metrics is not None:
+                    self.metrics.aborted(command.engine_id)
         elif isinstance(command, _Call):
             try:
                 command.future.set_result(command.fn(self.engine))
@@ -198,8 +206,11 @@ class EngineLoop:
             self._outbox.append((command.engine_id, exc))
             return
         self._unfinished[command.engine_id] = command.params.n
+        if self.metrics is not None:
+            self.metrics.added(command.engine_id, command.params.n)
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             output = self.engine.step()
         except Exception as exc:
@@ -222,6 +233,8 @@ class EngineLoop:
         )
         if output.kv_events and self.on_kv_events is not None:
             self.on_kv_events(output.kv_events)
+        if self.metrics is not None:
+            self.metrics.stepped(started, output, self.engine.core.scheduler)
 
     def _fail_all(self, exc: Exception) -> None:
         """A failed step fails every request in the engine, frees their blocks, and
@@ -233,6 +246,8 @@ class EngineLoop:
         try:
             for engine_id in list(self._unfinished):
                 self.engine.abort_request(engine_id)
+                if self.metrics is not None:
+                    self.metrics.aborted(engine_id)
             self.engine.core.scheduler.kv.pool.check_integrity()
             if self.engine.has_unfinished_requests():
                 raise RuntimeError("requests left in the engine after aborting all of them")
