@@ -12,6 +12,7 @@ EngineCore.step(): scheduler.schedule() ─► executor.execute_model(SchedulerO
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -33,6 +34,8 @@ class Executor(ABC):
     # One rank's cache; every rank holds the same number of blocks.
     kv_budget: KVBudget
     world_size: int
+    # Called (from another thread) when the ranks fail between steps.
+    on_failure: Callable[[ExecutorFailure], None] | None = None
 
     @abstractmethod
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput: ...

@@ -22,6 +22,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -49,6 +50,7 @@ logger = get_logger(__name__)
 SLOT_BYTES = 1 << 20
 NUM_SLOTS = 8
 STOP_SECONDS = 5.0
+MONITOR_SECONDS = 0.5
 
 
 class MultiprocExecutor(Executor):
@@ -91,6 +93,25 @@ class MultiprocExecutor(Executor):
         # Timings of the engine's side of each step (bench/tp_step.py reads them).
         self.put_seconds = 0.0
         self.wait_seconds = 0.0
+        self._monitor = threading.Thread(
+            target=self._watch, name="pagoda-rank-monitor", daemon=True
+        )
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        """Notice a rank that dies between steps too (an idle worker must not keep
+        reporting SERVING): the failure goes to `on_failure`."""
+        while not self._is_closed and self._failure is None:
+            time.sleep(MONITOR_SECONDS)
+            try:
+                self._check_ranks()
+            except ExecutorFailure as exc:
+                if self._is_closed:
+                    return
+                self._failure = exc
+                logger.error("%s", exc)
+                if self.on_failure is not None:
+                    self.on_failure(exc)
 
     def _spawn(self, config: EngineConfig, placement, index: int) -> None:
         error_file = Path(self._tmp.name) / f"rank{placement.rank}.err"
@@ -128,13 +149,16 @@ class MultiprocExecutor(Executor):
 
     def _check_ranks(self) -> None:
         """Raise if any rank has exited (called while waiting on them)."""
-        for index, process in enumerate(self.processes):
-            code = process.poll()
-            if code is not None:
-                raise ExecutorFailure(
-                    f"tensor-parallel rank {index} (pid {process.pid}) exited with code {code}: "
-                    f"{self._rank_error(index)}"
-                )
+        exited = [
+            f"tensor-parallel rank {index} (pid {process.pid}) exited with code "
+            f"{process.returncode}: {self._rank_error(index)}"
+            for index, process in enumerate(self.processes)
+            if process.poll() is not None
+        ]
+        if exited:
+            # A rank killed by a signal first: the others' errors follow from it.
+            exited.sort(key=lambda line: "code -" not in line)
+            raise ExecutorFailure("; ".join(exited))
 
     def _wait_ready(self):
         try:
@@ -160,9 +184,23 @@ class MultiprocExecutor(Executor):
             self._failure = exc
             raise
         if kind == "error":
-            self._failure = ExecutorFailure(f"a step failed on {value}")
+            # Rank 0 usually fails because a peer died under a collective: name the dead one.
+            self._failure = self._dead_rank(wait=1.0) or ExecutorFailure(
+                f"a step failed on {value[:300]}"
+            )
             raise self._failure
         return value
+
+    def _dead_rank(self, wait: float) -> ExecutorFailure | None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._check_ranks()
+            except ExecutorFailure as exc:
+                return exc
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
 
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         return self._call("execute_model", output)

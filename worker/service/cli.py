@@ -41,7 +41,17 @@ async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int
     except BaseException:
         await server.stop()
         raise
-    await stop.wait()
+    stopped, failed = (
+        asyncio.ensure_future(stop.wait()),
+        asyncio.ensure_future(server.failed.wait()),
+    )
+    await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+    if server.failed.is_set():
+        stopped.cancel()
+        logger.error("the engine cannot run any more: stopping the worker")
+        await server.drain_and_stop(timeout=5.0)  # its streams have already ended
+        return 1
+    failed.cancel()
     logger.info("shutting down")
     await server.drain_and_stop()
     return 0

@@ -83,6 +83,8 @@ class WorkerServer:
         self._grpc: grpc.aio.Server | None = None
         self._is_marked_broken = False
         self._health_task: asyncio.Future | None = None
+        # Set when the engine can never step again (a tensor-parallel rank died).
+        self.failed = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -154,6 +156,8 @@ class WorkerServer:
         ):
             self._is_marked_broken = True
             self._health_task = asyncio.ensure_future(self._set_health(_NOT_SERVING))
+            if self.engine_loop.fatal_error is not None:
+                self.failed.set()
 
     async def _set_health(self, status: int) -> None:
         for name in _HEALTH_NAMES:
