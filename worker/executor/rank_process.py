@@ -90,11 +90,12 @@ def serve(launch: RankLaunch) -> None:
         reply("error", f"{type(exc).__name__}: {exc}")
         raise
     reply("ready", worker.kv_budget)
-    step_seconds = 0.0
+    step_seconds = unpickle_seconds = 0.0
     while True:
         message = reader.get(parent_alive)
         start = time.perf_counter()
         method, arg = pickle.loads(message)
+        unpickle_seconds += time.perf_counter() - start
         if method == "shutdown":
             return
         if method == "timings":
@@ -103,7 +104,7 @@ def serve(launch: RankLaunch) -> None:
                 {
                     "step_seconds": step_seconds,
                     "collective_seconds": distributed.collective_seconds,
-                    "broadcast_read_seconds": reader.read_seconds,
+                    "broadcast_read_seconds": reader.read_seconds + unpickle_seconds,
                 },
             )
             continue
