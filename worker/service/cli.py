@@ -64,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
+    if engine_config.parallel.node_rank > 0:  # a multi-node group's other machines
+        from worker.executor.remote_node import run_node
+
+        try:
+            return run_node(engine_config)
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            return 2
     try:
         import uvloop
 
