@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.errors import UnavailableError
+from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
 from tests.cluster import PagodaProcess
 from tests.conftest import random_prompts, wait_for
@@ -114,7 +115,11 @@ def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
         wait_for(serving, timeout=180, interval=0.2, what="the worker serving")
         ranks = _rank_pids(worker.process.pid)
         assert len(ranks) == 2
-        stream = pb_grpc.WorkerServiceStub(channel).Generate(
+        stub = pb_grpc.WorkerServiceStub(channel)
+        # The router sees one worker: the group's blocks (each rank holds its heads of each).
+        info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        assert (info.num_kv_blocks, info.kv_capacity_tokens) == (64, 256)
+        stream = stub.Generate(
             request([5] * 9, temperature=0, max_tokens=100, ignore_eos=True), timeout=60
         )
         next(stream)  # in flight
