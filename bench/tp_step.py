@@ -62,14 +62,14 @@ def run_once(path: Path, tp: int, args) -> dict:
                 and len(engine.core.scheduler.running) == args.batch
             )
             if is_steady and marks is None and tp > 1:
-                marks = (executor.rank_timings(), executor.put_seconds, executor.wait_seconds)
+                marks = (executor.rank_stats(), executor.put_seconds, executor.wait_seconds)
             start = time.perf_counter()
             engine.step()
             if is_steady:
                 steps.append(time.perf_counter() - start)
         result = {"tp": tp, "decode_steps": len(steps), "step_ms": 1e3 * statistics.median(steps)}
         if tp > 1:
-            end = executor.rank_timings()
+            end = executor.rank_stats()
             rank_step = end["step_seconds"] - marks[0]["step_seconds"]
             collective = end["collective_seconds"] - marks[0]["collective_seconds"]
             read = end["broadcast_read_seconds"] - marks[0]["broadcast_read_seconds"]

@@ -136,9 +136,10 @@ class MultiprocExecutor(Executor):
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         return self._call("execute_model", output)
 
-    def rank_timings(self) -> dict[str, float]:
-        """Rank 0's cumulative step, collective and broadcast-read seconds."""
-        return self._call("timings")
+    def rank_stats(self) -> dict[str, float]:
+        """Rank 0's cumulative step, collective and broadcast-read seconds, and the
+        checkpoint bytes it read."""
+        return self._call("stats")
 
     def shutdown(self) -> None:
         if self._is_closed:

@@ -29,6 +29,7 @@ from worker import distributed
 from worker.config import EngineConfig
 from worker.executor.rank_worker import RankPlacement, RankWorker
 from worker.executor.shm_broadcast import RingSpec, ShmBroadcastReader, ShmBroadcastWriter
+from worker.models import checkpoint_slice
 
 logger = get_logger(__name__)
 
@@ -98,13 +99,14 @@ def serve(launch: RankLaunch) -> None:
         unpickle_seconds += time.perf_counter() - start
         if method == "shutdown":
             return
-        if method == "timings":
+        if method == "stats":
             reply(
                 "ok",
                 {
                     "step_seconds": step_seconds,
                     "collective_seconds": distributed.collective_seconds,
                     "broadcast_read_seconds": reader.read_seconds + unpickle_seconds,
+                    "checkpoint_bytes_read": checkpoint_slice.bytes_read,
                 },
             )
             continue

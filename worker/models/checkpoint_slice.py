@@ -9,6 +9,15 @@ from __future__ import annotations
 
 import torch
 
+# Bytes this process has read through slices (a rank's share of the checkpoint).
+bytes_read = 0
+
+
+def _counted(tensor: torch.Tensor) -> torch.Tensor:
+    global bytes_read
+    bytes_read += tensor.numel() * tensor.element_size()
+    return tensor
+
 
 class CheckpointSlice:
     """Tensor-like enough for weight loaders: `shape`, `narrow`, `materialize`."""
@@ -23,10 +32,10 @@ class CheckpointSlice:
         dim = dim % len(self.shape)
         index = [slice(None)] * len(self.shape)
         index[dim] = slice(start, start + length)
-        return self._slice[tuple(index)]
+        return _counted(self._slice[tuple(index)])
 
     def materialize(self) -> torch.Tensor:
-        return self._slice[:]
+        return _counted(self._slice[:])
 
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]

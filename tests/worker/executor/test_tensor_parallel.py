@@ -4,7 +4,10 @@ hit in the same run; each rank's KV cache holds its own heads."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from safetensors import safe_open
 
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
@@ -51,17 +54,24 @@ def test_tp2_matches_transformers(checkpoint, hf_greedy):
     assert hit.num_cached_tokens == 28  # 7 full blocks of 4
 
 
-def test_each_rank_caches_its_own_kv_heads(make_checkpoint):
-    """Two KV heads split one per rank: half of TP=1's bytes per block. One KV
-    head is replicated: each rank holds all of it."""
+def test_each_rank_reads_its_slice_and_caches_its_own_kv_heads(make_checkpoint):
+    """Rank 0 reads half of every sharded tensor and all of the norms, nothing
+    more; its KV cache holds one of the two KV heads."""
     path = make_checkpoint("llama")  # 2 layers, 2 KV heads of 16, float32
-    per_head_block = 2 * 2 * 16 * 4 * 4  # K and V x layers x head_dim x 4 tokens x 4 bytes
+    sizes = {}
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118
+            sizes[name] = f.get_slice(name).get_shape()
+    nbytes = {name: 4 * math.prod(shape) for name, shape in sizes.items()}
+    norms = sum(n for name, n in nbytes.items() if "norm" in name)
     llm = LLM(str(path), tensor_parallel_size=2, **ENGINE)
     try:
         budget = llm.engine.core.kv_budget
+        stats = llm.engine.core.executor.rank_stats()
     finally:
         llm.shutdown()
-    assert budget.bytes_per_block == per_head_block
+    assert stats["checkpoint_bytes_read"] == (sum(nbytes.values()) - norms) // 2 + norms
+    assert budget.bytes_per_block == 2 * 2 * 16 * 4 * 4  # K and V x layers x head_dim x 4 x 4 B
     assert budget.num_blocks == 36
 
 
