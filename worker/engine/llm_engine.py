@@ -136,6 +136,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank processes, if any; safe to call twice."""
+        self.core.shutdown()
+
     def step(self) -> EngineStepOutput:
         """One engine step; deltas come back under the parent id with their sample index."""
         output = self.core.step()

@@ -13,10 +13,12 @@ from torch import nn
 
 from worker.distributed import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from worker.layers.quantization import LinearMethodBase, UnquantizedLinearMethod
+from worker.models.checkpoint_slice import materialize
 
 
 def _narrow(loaded: torch.Tensor, dim: int | None, start: int, size: int) -> torch.Tensor:
-    return loaded if dim is None else loaded.narrow(dim, start, size)
+    # `loaded` may be a CheckpointSlice: narrow() reads only this rank's part.
+    return materialize(loaded) if dim is None else loaded.narrow(dim, start, size)
 
 
 class LinearBase(nn.Module):
@@ -51,7 +53,7 @@ class LinearBase(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        param.data.copy_(loaded)
+        param.data.copy_(materialize(loaded))
 
     def process_weights_after_loading(self) -> None:
         self.quant_method.process_weights_after_loading(self)

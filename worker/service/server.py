@@ -88,6 +88,8 @@ class WorkerServer:
         self.metrics_registry = CollectorRegistry()
         self.metrics_port = 0
         self._metrics_http = None
+        # Set when the engine can never step again (a tensor-parallel rank died).
+        self.failed = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -175,6 +177,8 @@ class WorkerServer:
         ):
             self._is_marked_broken = True
             self._health_task = asyncio.ensure_future(self._set_health(_NOT_SERVING))
+            if self.engine_loop.fatal_error is not None:
+                self.failed.set()
 
     async def _set_health(self, status: int) -> None:
         for name in _HEALTH_NAMES:
