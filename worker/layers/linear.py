@@ -23,6 +23,16 @@ def _narrow(loaded: torch.Tensor, dim: int | None, start: int, size: int) -> tor
     return loaded if dim is None else loaded.narrow(dim, start, size)
 
 
+def _load_replicated(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int) -> None:
+    """A parameter the fused parts share whole (GPTQ's g_idx): the first part
+    loaded writes it, the others must agree."""
+    if not getattr(param, "is_loaded", False):
+        param.data.copy_(loaded)
+        param.is_loaded = True
+    elif not torch.equal(param.data, loaded.to(param.dtype)):
+        raise ValueError(f"fused parts disagree on a shared tensor (part {shard_id!r})")
+
+
 def _stored(param: nn.Parameter, dim: int, features: int) -> int:
     """Features along `dim` -> stored elements (8 int4 codes share one int32)."""
     if getattr(param, "packed_dim", None) == dim:
@@ -169,6 +179,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if shard_id is None:
             return super().weight_loader(param, loaded)
         dim = param.output_dim
+        if dim is None:
+            return _load_replicated(param, loaded, shard_id)
         size = _stored(param, dim, self.output_sizes[shard_id] // self.tp_size)
         offset = _stored(param, dim, sum(self.output_sizes[:shard_id]) // self.tp_size)
         shard = loaded.narrow(dim, self.tp_rank * size, size)
@@ -221,6 +233,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         if shard_id is None:
             raise ValueError("qkv_proj loads from separate q_proj, k_proj and v_proj tensors")
         dim = param.output_dim
+        if dim is None:
+            return _load_replicated(param, loaded, shard_id)
         if shard_id == "q":
             offset, size, start = 0, self.q_size, self.tp_rank * self.q_size
         else:

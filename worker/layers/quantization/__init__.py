@@ -14,7 +14,9 @@ from shared.errors import ConfigError
 from worker.layers.quantization.base import LinearMethodBase, QuantizationConfig
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
-_METHODS: dict[str, tuple[str, str]] = {}
+_METHODS: dict[str, tuple[str, str]] = {
+    "gptq": ("worker.layers.quantization.gptq", "GPTQConfig"),
+}
 
 
 def register_quantization(name: str, module: str, class_name: str) -> None:

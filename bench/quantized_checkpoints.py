@@ -1,0 +1,184 @@
+"""Quantized checkpoints made locally from dense ones, in each format's on-disk layout.
+
+Round-to-nearest quantization of every decoder linear (the embeddings, norms
+and LM head stay dense, as the real tools leave them), packed as GPTQ or AWQ
+write it. Beside each quantized folder goes its twin: the same model with
+every quantized weight replaced by its dequantized float32 value, which
+`transformers` runs as the oracle. This module is its own packer: it shares
+no code with the engine's loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds output column AWQ_ORDER[i]
+
+
+def _to_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) -> the int32 with the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[n, m] codes -> [n / pf, m] int32, codes of rows i*pf .. i*pf+pf-1 in word i
+    (the first in the lowest bits)."""
+    pf = 32 // bits
+    grouped = codes.to(torch.int64).view(-1, pf, codes.shape[1])
+    words = sum(grouped[:, k] << (bits * k) for k in range(pf))
+    return _to_int32(words)
+
+
+def pack_columns(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None = None):
+    """[n, m] codes -> [n, m / pf] int32 along columns; `order[k]` is the column
+    (within each word's pf) that bits k*bits.. hold (default 0, 1, 2, ...)."""
+    pf = 32 // bits
+    order = order or tuple(range(pf))
+    grouped = codes.to(torch.int64).view(codes.shape[0], -1, pf)
+    words = sum(grouped[..., order[k]] << (bits * k) for k in range(pf))
+    return _to_int32(words)
+
+
+def rtn(weight: torch.Tensor, bits: int, g_idx: torch.Tensor, num_groups: int, sym: bool):
+    """Round-to-nearest codes of W [out, in] per (row, group of inputs):
+    (codes [out, in], scales [out, groups] float16, zeros [out, groups] int64),
+    scales rounded to float16 before the codes are made, as the tools store them."""
+    maxq = 2**bits - 1
+    out_features = weight.shape[0]
+    scales = torch.empty(out_features, num_groups)
+    zeros = torch.empty(out_features, num_groups, dtype=torch.int64)
+    for g in range(num_groups):
+        cols = weight[:, g_idx == g]
+        lo = cols.min(dim=1).values.clamp(max=0)
+        hi = cols.max(dim=1).values.clamp(min=0)
+        if sym:
+            hi = torch.maximum(-lo, hi)
+            scales[:, g] = 2 * hi / maxq
+            zeros[:, g] = 2 ** (bits - 1)
+        else:
+            scales[:, g] = (hi - lo) / maxq
+            # Zero 0 cannot be stored as GPTQ's zero - 1: keep it from 1 up.
+            zeros[:, g] = torch.round(-lo / scales[:, g]).clamp(1, maxq).to(torch.int64)
+    scales = scales.clamp(min=1e-5).half()
+    s, z = scales.float()[:, g_idx], zeros[:, g_idx]
+    codes = (torch.round(weight / s) + z).clamp(0, maxq).to(torch.int64)
+    return codes, scales, zeros
+
+
+def dequantize(codes, scales, zeros, g_idx) -> torch.Tensor:
+    return (codes - zeros[:, g_idx]).float() * scales.float()[:, g_idx]
+
+
+def _group_index(in_features: int, group_size: int, desc_act: bool, seed: int) -> torch.Tensor:
+    size = in_features if group_size == -1 else group_size
+    g_idx = torch.arange(in_features) // size
+    if desc_act:  # act-order: inputs visited in a permuted order, groups taken along it
+        order = torch.randperm(in_features, generator=torch.Generator().manual_seed(seed))
+        g_idx = torch.empty_like(g_idx).scatter_(0, order, g_idx)
+    return g_idx
+
+
+def quantize_gptq(weight, bits=4, group_size=128, desc_act=False, sym=True, seed=0):
+    """W [out, in] -> (GPTQ tensors by suffix, dequantized W)."""
+    in_features = weight.shape[1]
+    g_idx = _group_index(in_features, group_size, desc_act, seed)
+    num_groups = int(g_idx.max()) + 1
+    codes, scales, zeros = rtn(weight, bits, g_idx, num_groups, sym)
+    tensors = {
+        "qweight": pack_rows(codes.t().contiguous(), bits),  # [in / pf, out]
+        "qzeros": pack_columns((zeros - 1).t().contiguous(), bits),  # [groups, out / pf]
+        "scales": scales.t().contiguous(),  # [groups, out]
+        "g_idx": g_idx.to(torch.int32),
+    }
+    return tensors, dequantize(codes, scales, zeros, g_idx)
+
+
+def quantize_awq(weight, group_size=128):
+    """W [out, in] -> (AWQ GEMM tensors by suffix, dequantized W); asymmetric 4-bit."""
+    in_features = weight.shape[1]
+    g_idx = _group_index(in_features, group_size, False, 0)
+    codes, scales, zeros = rtn(weight, 4, g_idx, int(g_idx.max()) + 1, sym=False)
+    tensors = {
+        "qweight": pack_columns(codes.t().contiguous(), 4, AWQ_ORDER),  # [in, out / 8]
+        "qzeros": pack_columns(zeros.t().contiguous(), 4, AWQ_ORDER),  # [groups, out / 8]
+        "scales": scales.t().contiguous(),  # [groups, out]
+    }
+    return tensors, dequantize(codes, scales, zeros, g_idx)
+
+
+def _input_seed(module: str) -> int:
+    """One act-order permutation per input a layer's projections share (q/k/v,
+    gate/up), as GPTQ's order comes from that input's statistics."""
+    parent, _, leaf = module.rpartition(".")
+    family = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(leaf, leaf)
+    return sum(ord(c) * (i + 1) for i, c in enumerate(f"{parent}.{family}")) % 2**31
+
+
+def _quantizer(fmt: str, options: dict[str, Any]):
+    if fmt == "gptq":
+        return lambda w, i: quantize_gptq(w, seed=i, **options), {
+            "quant_method": "gptq",
+            "bits": options.get("bits", 4),
+            "group_size": options.get("group_size", 128),
+            "desc_act": options.get("desc_act", False),
+            "sym": options.get("sym", True),
+            "checkpoint_format": "gptq",
+        }
+    if fmt == "awq":
+        return lambda w, i: quantize_awq(w, **options), {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": options.get("group_size", 128),
+            "zero_point": True,
+            "version": "gemm",
+        }
+    raise ValueError(f"no packer for {fmt!r}")
+
+
+def write_quantized_checkpoint(
+    dense: Path, out: Path, fmt: str, not_converted: tuple[str, ...] = (), **options: Any
+) -> tuple[Path, Path]:
+    """Quantize the dense checkpoint `dense` into `out/quantized` (format `fmt`)
+    and write `out/dequantized`, its float32 twin. Linears whose name ends in one
+    of `not_converted` stay dense (listed as modules_to_not_convert)."""
+    quantized_dir, dequantized_dir = out / "quantized", out / "dequantized"
+    for folder in (quantized_dir, dequantized_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in dense.iterdir():
+            if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json":
+                shutil.copy(item, folder / item.name)
+    quantize, quant_config = _quantizer(fmt, options)
+    if not_converted:
+        quant_config["modules_to_not_convert"] = list(not_converted)
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(dense.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    quantized: dict[str, torch.Tensor] = {}
+    dequantized: dict[str, torch.Tensor] = {}
+    for name, tensor in sorted(state.items()):
+        module = name.removesuffix(".weight")
+        is_linear = name.endswith(".weight") and module.split(".")[-1] in LINEARS
+        if not is_linear or module.split(".")[-1] in not_converted:
+            quantized[name] = tensor
+            dequantized[name] = tensor.float()
+            continue
+        parts, weight = quantize(tensor.float(), _input_seed(module))
+        quantized.update({f"{module}.{suffix}": t for suffix, t in parts.items()})
+        dequantized[name] = weight
+    save_file(quantized, str(quantized_dir / "model.safetensors"))
+    save_file(dequantized, str(dequantized_dir / "model.safetensors"))
+    config = json.loads((dense / "config.json").read_text())
+    (quantized_dir / "config.json").write_text(
+        json.dumps({**config, "quantization_config": quant_config}, indent=2)
+    )
+    (dequantized_dir / "config.json").write_text(
+        json.dumps({**config, "torch_dtype": "float32"}, indent=2)
+    )
+    return quantized_dir, dequantized_dir
