@@ -113,6 +113,26 @@ def quantize_awq(weight, group_size=128):
     return tensors, dequantize(codes, scales, zeros, g_idx)
 
 
+def dequantized_int8(weight: torch.Tensor) -> torch.Tensor:
+    """What `--quantization int8` serves for W [out, in]: symmetric per row."""
+    scale = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
+    return torch.round(weight / scale).clamp(-127, 127) * scale
+
+
+def dequantized_int4(weight: torch.Tensor) -> torch.Tensor:
+    """What `--quantization int4` serves for W [out, in]: min-max per row and group
+    of 128 inputs (64 or 32 where 128 does not divide them, else the row)."""
+    out_features, in_features = weight.shape
+    size = next((g for g in (128, 64, 32) if in_features % g == 0), in_features)
+    groups = weight.view(out_features, -1, size)
+    lo = groups.amin(dim=2, keepdim=True).clamp(max=0)
+    hi = groups.amax(dim=2, keepdim=True).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    zero = torch.round(-lo / scale).clamp(0, 15)
+    codes = (torch.round(groups / scale) + zero).clamp(0, 15)
+    return ((codes - zero) * scale).view(out_features, in_features)
+
+
 def _input_seed(module: str) -> int:
     """One act-order permutation per input a layer's projections share (q/k/v,
     gate/up), as GPTQ's order comes from that input's statistics."""
@@ -139,14 +159,18 @@ def _quantizer(fmt: str, options: dict[str, Any]):
             "zero_point": True,
             "version": "gemm",
         }
+    if fmt in ("int8", "int4"):  # quantized at load: the checkpoint stays dense
+        twin = dequantized_int8 if fmt == "int8" else dequantized_int4
+        return lambda w, i: ({"weight": w}, twin(w)), None
     raise ValueError(f"no packer for {fmt!r}")
 
 
 def write_quantized_checkpoint(
     dense: Path, out: Path, fmt: str, not_converted: tuple[str, ...] = (), **options: Any
 ) -> tuple[Path, Path]:
-    """Quantize the dense checkpoint `dense` into `out/quantized` (format `fmt`)
-    and write `out/dequantized`, its float32 twin. Linears whose name ends in one
+    """Quantize the dense checkpoint `dense` into `out/quantized` (format `fmt`;
+    int8 and int4 leave it dense, to be quantized at load) and write
+    `out/dequantized`, its float32 twin. Linears whose name ends in one
     of `not_converted` stay dense (listed as modules_to_not_convert)."""
     quantized_dir, dequantized_dir = out / "quantized", out / "dequantized"
     for folder in (quantized_dir, dequantized_dir):
@@ -155,7 +179,7 @@ def write_quantized_checkpoint(
             if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json":
                 shutil.copy(item, folder / item.name)
     quantize, quant_config = _quantizer(fmt, options)
-    if not_converted:
+    if not_converted and quant_config is not None:
         quant_config["modules_to_not_convert"] = list(not_converted)
     state: dict[str, torch.Tensor] = {}
     for file in sorted(dense.glob("*.safetensors")):
@@ -175,9 +199,9 @@ def write_quantized_checkpoint(
     save_file(quantized, str(quantized_dir / "model.safetensors"))
     save_file(dequantized, str(dequantized_dir / "model.safetensors"))
     config = json.loads((dense / "config.json").read_text())
-    (quantized_dir / "config.json").write_text(
-        json.dumps({**config, "quantization_config": quant_config}, indent=2)
-    )
+    if quant_config is not None:
+        config_out = {**config, "quantization_config": quant_config}
+        (quantized_dir / "config.json").write_text(json.dumps(config_out, indent=2))
     (dequantized_dir / "config.json").write_text(
         json.dumps({**config, "torch_dtype": "float32"}, indent=2)
     )

@@ -22,6 +22,10 @@ CASES = {
     ),
     "gptq-8bit-channel": ("llama", "gptq", dict(bits=8, group_size=-1)),
     "gptq-8bit-g16-asym": ("qwen2", "gptq", dict(bits=8, group_size=16, sym=False)),
+    "awq-g32": ("qwen3", "awq", dict(group_size=32)),
+    "awq-g16-down-dense": ("llama", "awq", dict(group_size=16, not_converted=("down_proj",))),
+    "int8-at-load": ("qwen2", "int8", {}),
+    "int4-at-load": ("llama", "int4", {}),
 }
 
 
@@ -29,13 +33,14 @@ CASES = {
 def quantized(request, make_checkpoint, tmp_path_factory):
     arch, fmt, options = CASES[request.param]
     out = tmp_path_factory.mktemp(request.param)
-    return write_quantized_checkpoint(make_checkpoint(arch), out, fmt, **options)
+    paths = write_quantized_checkpoint(make_checkpoint(arch), out, fmt, **options)
+    return paths, fmt if fmt in ("int8", "int4") else None
 
 
 def test_greedy_matches_hf_on_dequantized_weights(quantized, hf_greedy):
-    quantized_dir, dequantized_dir = quantized
+    (quantized_dir, dequantized_dir), at_load = quantized
     prompts = random_prompts(LENGTHS, seed=5)
-    llm = LLM(str(quantized_dir), **ENGINE)
+    llm = LLM(str(quantized_dir), quantization=at_load, **ENGINE)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     got = [o.outputs[0].token_ids for o in outputs]
     assert got == hf_greedy(dequantized_dir, prompts, MAX_TOKENS)

@@ -16,6 +16,9 @@ from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
 _METHODS: dict[str, tuple[str, str]] = {
     "gptq": ("worker.layers.quantization.gptq", "GPTQConfig"),
+    "awq": ("worker.layers.quantization.awq", "AWQConfig"),
+    "int8": ("worker.layers.quantization.online", "Int8Config"),
+    "int4": ("worker.layers.quantization.online", "Int4Config"),
 }
 
 
