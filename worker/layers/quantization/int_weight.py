@@ -174,7 +174,7 @@ def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
     if layer.input_perm is not None:
         x = x.index_select(-1, layer.input_perm)
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()  # the kernels read rows densely
     if kernel == "int8pack":
         out = torch.ops.aten._weight_int8pack_mm(x2, layer.int_weight, layer.int_scales)
     else:
