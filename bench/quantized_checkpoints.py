@@ -113,6 +113,62 @@ def quantize_awq(weight, group_size=128):
     return tensors, dequantize(codes, scales, zeros, g_idx)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 codes, dequantized W) for `scale` broadcast over W."""
+    codes = (weight / scale).clamp(-448, 448).to(FP8)
+    return codes, codes.float() * scale
+
+
+def quantize_fp8(weight, block=None, static=False):
+    """W [out, in] -> (vLLM fp8 tensors, dequantized W): one scale per tensor, or
+    per [bo, bi] block (weight_scale_inv)."""
+    if block is None:
+        scale = (weight.abs().max() / 448).clamp(min=1e-12)
+        codes, dense = _fp8(weight, scale)
+        tensors = {"weight": codes, "weight_scale": scale.reshape(())}
+    else:
+        out_features, in_features = weight.shape
+        blocks = weight.view(out_features // block[0], block[0], in_features // block[1], block[1])
+        scale = (blocks.abs().amax(dim=(1, 3)) / 448).clamp(min=1e-12)  # [out/bo, in/bi]
+        codes, dense = _fp8(blocks, scale[:, None, :, None])
+        codes, dense = codes.view(weight.shape), dense.view(weight.shape)
+        tensors = {"weight": codes, "weight_scale_inv": scale}
+    if static:
+        tensors["input_scale"] = torch.tensor(0.02)
+    return tensors, dense
+
+
+def quantize_compressed_int(weight, bits=4, group_size=-1, sym=True, actorder=False, seed=0):
+    """W [out, in] -> (compressed-tensors pack-quantized tensors, dequantized W)."""
+    out_features, in_features = weight.shape
+    g_idx = _group_index(in_features, group_size, actorder, seed)
+    codes, scales, zeros = rtn(weight, bits, g_idx, int(g_idx.max()) + 1, sym)
+    tensors = {
+        # Signed values + 2**(bits-1), as compressed-tensors' pack_to_int32 stores them.
+        "weight_packed": pack_columns(codes, bits),  # [out, in / pf]
+        "weight_scale": scales,  # [out, groups]
+        "weight_shape": torch.tensor([out_features, in_features]),
+    }
+    if not sym:
+        tensors["weight_zero_point"] = pack_rows(zeros, bits)  # [out / pf, groups]
+    if actorder:
+        tensors["weight_g_idx"] = g_idx.to(torch.int32)
+    return tensors, dequantize(codes, scales, zeros, g_idx)
+
+
+def quantize_compressed_fp8(weight, strategy="channel"):
+    """W [out, in] -> (compressed-tensors float-quantized tensors, dequantized W)."""
+    if strategy == "channel":
+        scale = (weight.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12)  # [out, 1]
+    else:
+        scale = (weight.abs().max() / 448).clamp(min=1e-12).reshape(1)
+    codes, dense = _fp8(weight, scale)
+    return {"weight": codes, "weight_scale": scale}, dense
+
+
 def dequantized_int8(weight: torch.Tensor) -> torch.Tensor:
     """What `--quantization int8` serves for W [out, in]: symmetric per row."""
     scale = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
@@ -133,12 +189,53 @@ def dequantized_int4(weight: torch.Tensor) -> torch.Tensor:
     return ((codes - zero) * scale).view(out_features, in_features)
 
 
+def dequantized_fp8(weight: torch.Tensor) -> torch.Tensor:
+    """What `--quantization fp8` serves for W [out, in]: e4m3 with a scale per row."""
+    return _fp8(weight, (weight.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12))[1]
+
+
 def _input_seed(module: str) -> int:
     """One act-order permutation per input a layer's projections share (q/k/v,
     gate/up), as GPTQ's order comes from that input's statistics."""
     parent, _, leaf = module.rpartition(".")
     family = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(leaf, leaf)
     return sum(ord(c) * (i + 1) for i, c in enumerate(f"{parent}.{family}")) % 2**31
+
+
+def _compressed_tensors(options: dict[str, Any]):
+    kind = options.pop("kind")
+    if kind == "float":
+        strategy = options.get("strategy", "channel")
+        weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True}
+        inputs = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+        quantize, fmt = (lambda w, i: quantize_compressed_fp8(w, strategy)), "float-quantized"
+    else:
+        bits, group_size = options.get("bits", 4), options.get("group_size", -1)
+        actorder = options.get("actorder", False)
+        weights = {
+            "num_bits": bits,
+            "type": "int",
+            "symmetric": options.get("sym", True),
+            "strategy": "channel" if group_size == -1 else "group",
+            "group_size": None if group_size == -1 else group_size,
+            "actorder": "group" if actorder else None,
+        }
+        inputs = None
+
+        def quantize(w, i):
+            return quantize_compressed_int(w, seed=i, **options)
+
+        fmt = "pack-quantized"
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs}
+        },
+        "ignore": ["lm_head"],
+    }
+    return quantize, config
 
 
 def _quantizer(fmt: str, options: dict[str, Any]):
@@ -159,8 +256,17 @@ def _quantizer(fmt: str, options: dict[str, Any]):
             "zero_point": True,
             "version": "gemm",
         }
-    if fmt in ("int8", "int4"):  # quantized at load: the checkpoint stays dense
-        twin = dequantized_int8 if fmt == "int8" else dequantized_int4
+    if fmt == "fp8":
+        block = options.get("block")
+        return lambda w, i: quantize_fp8(w, **options), {
+            "quant_method": "fp8",
+            "activation_scheme": "static" if options.get("static") else "dynamic",
+            **({"weight_block_size": list(block)} if block else {}),
+        }
+    if fmt == "compressed-tensors":
+        return _compressed_tensors(dict(options))
+    if fmt in ("int8", "int4", "fp8-at-load"):  # quantized at load: the checkpoint stays dense
+        twin = {"int8": dequantized_int8, "int4": dequantized_int4}.get(fmt, dequantized_fp8)
         return lambda w, i: ({"weight": w}, twin(w)), None
     raise ValueError(f"no packer for {fmt!r}")
 

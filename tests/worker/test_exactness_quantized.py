@@ -24,6 +24,17 @@ CASES = {
     "gptq-8bit-g16-asym": ("qwen2", "gptq", dict(bits=8, group_size=16, sym=False)),
     "awq-g32": ("qwen3", "awq", dict(group_size=32)),
     "awq-g16-down-dense": ("llama", "awq", dict(group_size=16, not_converted=("down_proj",))),
+    "fp8-tensor-static": ("qwen2", "fp8", dict(static=True)),
+    "fp8-block": ("llama", "fp8", dict(block=(16, 32))),
+    "ct-w4a16-group-asym-actorder": (
+        "llama",
+        "compressed-tensors",
+        dict(kind="int", bits=4, group_size=32, sym=False, actorder=True),
+    ),
+    "ct-w8a16-channel": ("qwen3", "compressed-tensors", dict(kind="int", bits=8)),
+    "ct-fp8-channel": ("llama", "compressed-tensors", dict(kind="float")),
+    "ct-fp8-tensor": ("qwen2", "compressed-tensors", dict(kind="float", strategy="tensor")),
+    "fp8-at-load": ("llama", "fp8-at-load", {}),
     "int8-at-load": ("qwen2", "int8", {}),
     "int4-at-load": ("llama", "int4", {}),
 }
@@ -34,7 +45,8 @@ def quantized(request, make_checkpoint, tmp_path_factory):
     arch, fmt, options = CASES[request.param]
     out = tmp_path_factory.mktemp(request.param)
     paths = write_quantized_checkpoint(make_checkpoint(arch), out, fmt, **options)
-    return paths, fmt if fmt in ("int8", "int4") else None
+    at_load = {"int8": "int8", "int4": "int4", "fp8-at-load": "fp8"}.get(fmt)
+    return paths, at_load
 
 
 def test_greedy_matches_hf_on_dequantized_weights(quantized, hf_greedy):

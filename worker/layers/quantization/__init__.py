@@ -17,6 +17,11 @@ from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 _METHODS: dict[str, tuple[str, str]] = {
     "gptq": ("worker.layers.quantization.gptq", "GPTQConfig"),
     "awq": ("worker.layers.quantization.awq", "AWQConfig"),
+    "compressed-tensors": (
+        "worker.layers.quantization.compressed_tensors",
+        "CompressedTensorsConfig",
+    ),
+    "fp8": ("worker.layers.quantization.fp8", "Fp8Config"),
     "int8": ("worker.layers.quantization.online", "Int8Config"),
     "int4": ("worker.layers.quantization.online", "Int4Config"),
 }

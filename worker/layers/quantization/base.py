@@ -97,6 +97,34 @@ def make_param(
     return param
 
 
+def shard_index(shard_id: str | int | None) -> int:
+    """The logical shard a fused layer's checkpoint part fills: q/k/v -> 0/1/2,
+    gate/up -> 0/1, an unfused layer's one tensor -> 0."""
+    if shard_id is None:
+        return 0
+    return {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id)
+
+
+def make_per_shard_param(layer: nn.Module, name: str, num_shards: int) -> nn.Parameter:
+    """A float32 [num_shards] parameter holding one scalar per checkpoint part
+    (per-tensor scales), the same on every rank."""
+    param = make_param(layer, name, torch.zeros(num_shards, dtype=torch.float32))
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data[shard_index(shard_id)] = loaded.reshape(()).to(torch.float32)
+
+    param.weight_loader = load
+    return param
+
+
+def make_ignored_param(layer: nn.Module, name: str, data: torch.Tensor) -> nn.Parameter:
+    """A checkpoint tensor the method reads nothing from (compressed-tensors'
+    weight_shape, activation scales of a weight-only path): loaded, then dropped."""
+    param = make_param(layer, name, data)
+    param.weight_loader = lambda param, loaded, shard_id=None: None
+    return param
+
+
 def replace_params(layer: nn.Module, drop: list[str], **tensors: torch.Tensor) -> None:
     """Swap checkpoint-format parameters for the repacked ones `apply` reads."""
     for name in drop:

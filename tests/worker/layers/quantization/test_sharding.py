@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.quantized_checkpoints import quantize_awq, quantize_gptq
+from bench.quantized_checkpoints import (
+    quantize_awq,
+    quantize_compressed_int,
+    quantize_fp8,
+    quantize_gptq,
+)
 from worker import distributed
 from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from worker.layers.quantization import resolve_quantization
@@ -15,11 +20,31 @@ from worker.layers.quantization import resolve_quantization
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTER = 128, 16, 8, 4, 256
 GPTQ_ACT_ORDER = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+FP8_BLOCK = {"quant_method": "fp8", "weight_block_size": [16, 32]}
+FP8_TENSOR = {"quant_method": "fp8", "activation_scheme": "static"}
+CT_INT4_ASYM = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "g": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
+                        "group_size": 32},
+        }
+    },
+}  # fmt: skip
 
 
 def _quantize(config, weight, seed):
-    if config["quant_method"] == "gptq":
+    method = config["quant_method"]
+    if method == "gptq":
         return quantize_gptq(weight, 4, 32, desc_act=True, sym=False, seed=seed)[0]
+    if method == "fp8":
+        return quantize_fp8(
+            weight, config.get("weight_block_size"), static="activation_scheme" in config
+        )[0]
+    if method == "compressed-tensors":
+        return quantize_compressed_int(weight, 4, 32, sym=False)[0]
     return quantize_awq(weight, 32)[0]
 
 
@@ -36,7 +61,11 @@ def _build(make, rank, tp_size, parts, monkeypatch):
     return layer
 
 
-@pytest.mark.parametrize("config", [GPTQ_ACT_ORDER, AWQ], ids=["gptq-act-order", "awq"])
+@pytest.mark.parametrize(
+    "config",
+    [GPTQ_ACT_ORDER, AWQ, FP8_BLOCK, FP8_TENSOR, CT_INT4_ASYM],
+    ids=["gptq-act-order", "awq", "fp8-block", "fp8-tensor", "ct-int4-asym"],
+)
 def test_column_and_row_shards_equal_the_whole(config, monkeypatch):
     quant = resolve_quantization(config, None)
     gen = torch.Generator().manual_seed(0)
