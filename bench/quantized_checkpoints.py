@@ -194,6 +194,13 @@ def dequantized_fp8(weight: torch.Tensor) -> torch.Tensor:
     return _fp8(weight, (weight.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12))[1]
 
 
+def dequantized_nf4(weight: torch.Tensor) -> torch.Tensor:
+    """What `--quantization bitsandbytes` serves: the library's NF4 round trip."""
+    import bitsandbytes.functional as bnb
+
+    return bnb.dequantize_4bit(*bnb.quantize_4bit(weight, blocksize=64, quant_type="nf4"))
+
+
 def _input_seed(module: str) -> int:
     """One act-order permutation per input a layer's projections share (q/k/v,
     gate/up), as GPTQ's order comes from that input's statistics."""
@@ -265,8 +272,13 @@ def _quantizer(fmt: str, options: dict[str, Any]):
         }
     if fmt == "compressed-tensors":
         return _compressed_tensors(dict(options))
-    if fmt in ("int8", "int4", "fp8-at-load"):  # quantized at load: the checkpoint stays dense
-        twin = {"int8": dequantized_int8, "int4": dequantized_int4}.get(fmt, dequantized_fp8)
+    if fmt in ("int8", "int4", "fp8-at-load", "bitsandbytes"):  # quantized at load: stays dense
+        twin = {
+            "int8": dequantized_int8,
+            "int4": dequantized_int4,
+            "fp8-at-load": dequantized_fp8,
+            "bitsandbytes": dequantized_nf4,
+        }[fmt]
         return lambda w, i: ({"weight": w}, twin(w)), None
     raise ValueError(f"no packer for {fmt!r}")
 

@@ -9,8 +9,8 @@ from bench.quantized_checkpoints import write_quantized_checkpoint
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 
-LENGTHS = [1, 5, 12, 23, 40]
-MAX_TOKENS = 12
+LENGTHS = [3, 17, 40]
+MAX_TOKENS = 10
 ENGINE = dict(block_size=4, max_model_len=128, num_kv_blocks=200)
 
 CASES = {
@@ -35,6 +35,7 @@ CASES = {
     "ct-fp8-channel": ("llama", "compressed-tensors", dict(kind="float")),
     "ct-fp8-tensor": ("qwen2", "compressed-tensors", dict(kind="float", strategy="tensor")),
     "fp8-at-load": ("llama", "fp8-at-load", {}),
+    "nf4-at-load": ("qwen2", "bitsandbytes", {}),
     "int8-at-load": ("qwen2", "int8", {}),
     "int4-at-load": ("llama", "int4", {}),
 }
@@ -43,9 +44,12 @@ CASES = {
 @pytest.fixture(scope="module", params=sorted(CASES))
 def quantized(request, make_checkpoint, tmp_path_factory):
     arch, fmt, options = CASES[request.param]
+    if fmt == "bitsandbytes":
+        pytest.importorskip("bitsandbytes", reason="the bitsandbytes extra is not installed")
     out = tmp_path_factory.mktemp(request.param)
     paths = write_quantized_checkpoint(make_checkpoint(arch), out, fmt, **options)
     at_load = {"int8": "int8", "int4": "int4", "fp8-at-load": "fp8"}.get(fmt)
+    at_load = "bitsandbytes" if fmt == "bitsandbytes" else at_load
     return paths, at_load
 
 

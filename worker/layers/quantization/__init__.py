@@ -17,6 +17,7 @@ from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 _METHODS: dict[str, tuple[str, str]] = {
     "gptq": ("worker.layers.quantization.gptq", "GPTQConfig"),
     "awq": ("worker.layers.quantization.awq", "AWQConfig"),
+    "bitsandbytes": ("worker.layers.quantization.bitsandbytes", "BitsAndBytesConfig"),
     "compressed-tensors": (
         "worker.layers.quantization.compressed_tensors",
         "CompressedTensorsConfig",
