@@ -45,6 +45,15 @@ class ModelConfig:
         default=None,
         metadata={"help": "Longest prompt + output, in tokens (default: the model's)."},
     )
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weight quantization (vLLM's names). Default: the checkpoint's own "
+            "(config.json quantization_config: gptq, awq, fp8, compressed-tensors); from a "
+            "dense checkpoint, quantize at load: int8 (per channel), int4 (groups of 128), "
+            "fp8, bitsandbytes (NF4)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed for requests that set none."})
     served_model_name: str | None = field(
         default=None, metadata={"help": "Name clients use for the model (default: --model)."}

@@ -17,6 +17,7 @@ from worker.attention.forward_context import forward_context
 from worker.attention.metadata import BatchLayout
 from worker.config import EngineConfig
 from worker.layers.attention import Attention
+from worker.layers.quantization import resolve_quantization
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
@@ -47,7 +48,9 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.cache.block_size
         max_position = max(max_model_len, spec.max_position_embeddings)
-        self.model = build_model(spec, dtype, device, max_position)
+        # Resolved before anything loads: an unservable format fails at start.
+        quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
+        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.backend = get_attention_backend(config.device.attention_backend, device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
