@@ -14,6 +14,8 @@ from shared.errors import ConfigError
 from shared.registry import DEFAULT_PREFIX
 
 ROUTING_POLICIES = ("affinity", "load")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # router/tools/parsers.py
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # router/text/reasoning.py
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50050
 # How long a routing choice counts as "this worker holds the prefix". With Redis
@@ -70,6 +72,25 @@ class RouterConfig:
         default=None,
         metadata={
             "help": "Chat template: a Jinja file or the template itself (default: the tokenizer's)."
+        },
+    )
+    enable_auto_tool_choice: bool = field(
+        default=False,
+        metadata={"help": 'Allow tool_choice "auto": parse the model\'s own tool calls.'},
+    )
+    tool_call_parser: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the model writes tool calls: hermes (Qwen2.5, Qwen3), llama3_json, "
+            "mistral.",
+            "choices": TOOL_CALL_PARSERS,
+        },
+    )
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split <think>...</think> into reasoning_content: qwen3, deepseek_r1.",
+            "choices": REASONING_PARSERS,
         },
     )
     api_key: str | None = field(
@@ -154,6 +175,14 @@ class RouterConfig:
             )
         _positive("max_attempts", self.max_attempts)
         _positive("tokenizer_threads", self.tokenizer_threads)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice needs a --tool-call-parser")
+        for flag, value, names in (
+            ("tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSERS),
+            ("reasoning-parser", self.reasoning_parser, REASONING_PARSERS),
+        ):
+            if value is not None and value not in names:
+                raise ConfigError(f"--{flag} must be one of {', '.join(names)}, got {value!r}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if not self.redis_prefix:

@@ -88,6 +88,8 @@ class ModelContext:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         add_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[int]]:
         """The conversation as prompt text and token ids."""
         if self.chat_template is None:
@@ -99,7 +101,7 @@ class ModelContext:
         template = self.chat_template
 
         def render() -> tuple[str, list[int]]:
-            text = template.render(messages, add_generation_prompt)
+            text = template.render(messages, add_generation_prompt, tools, template_kwargs)
             # The template wrote the special tokens (BOS, turn markers) itself, so the
             # tokenizer adds its own only when asked (vLLM's add_special_tokens).
             return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens)

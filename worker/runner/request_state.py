@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.sampling_params import SamplingParams
+from worker.structured.grammar_state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     generator: torch.Generator | None  # seeded requests only
+    grammar: GrammarState | None = None  # constrained requests only
     _mask_tensors: MaskTensors | None = None
 
     @property

@@ -59,6 +59,7 @@ class _Add:
     params: SamplingParams
     priority: int
     cache_salt: bytes | None
+    grammar: Any = None
 
 
 @dataclass
@@ -124,8 +125,9 @@ class EngineLoop:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: bytes | None = None,
+        grammar: Any = None,
     ) -> None:
-        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt))
+        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt, grammar))
 
     def abort(self, engine_id: str) -> None:
         self._inbox.put(_Abort(engine_id))
@@ -218,6 +220,7 @@ class EngineLoop:
                 command.params,
                 priority=command.priority,
                 cache_salt=command.cache_salt,
+                grammar=command.grammar,
             )
         except Exception as exc:  # validated before, so this is rare; the stream gets it
             self._outbox.append((command.engine_id, exc))
