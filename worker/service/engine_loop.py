@@ -89,7 +89,7 @@ class EngineLoop:
         self._loop = loop
         self._deliver = deliver
         self._load = load
-        self._max_waiting = max_waiting
+        self.max_waiting = max_waiting
         self.on_kv_events = on_kv_events  # set before requests arrive; read between steps
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: Batch = []
@@ -175,13 +175,13 @@ class EngineLoop:
 
     def _add(self, command: _Add) -> None:
         num_waiting = len(self.engine.core.scheduler.waiting)
-        if num_waiting + command.params.n > self._max_waiting:
+        if num_waiting + command.params.n > self.max_waiting:
             self._outbox.append(
                 (
                     command.engine_id,
                     CapacityError(
                         f"the waiting queue is full ({num_waiting} waiting, --max-waiting "
-                        f"{self._max_waiting}); retry later or on another worker"
+                        f"{self.max_waiting}); retry later or on another worker"
                     ),
                 )
             )

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 
-from shared.errors import UnavailableError
+from shared.errors import InvalidRequestError, UnavailableError
 from shared.logging import get_logger
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.sampling_params import SamplingParams
@@ -93,6 +93,14 @@ class RequestHub:
             raise UnavailableError("the worker's engine failed and cannot take requests")
         # Reads only immutable model facts, so it is safe beside the engine thread.
         self.engine.validate(prompt_token_ids, params, priority)
+        if params.n > self.engine_loop.max_waiting:
+            # Each sample waits as a request of its own: this one could never be queued,
+            # so retrying it (as a full queue's RESOURCE_EXHAUSTED invites) is futile.
+            raise InvalidRequestError(
+                "n",
+                f"{params.n} samples can never wait here at once (--max-waiting "
+                f"{self.engine_loop.max_waiting}); lower n",
+            )
         engine_id = str(next(self._ids))
         stream = RequestStream(engine_id, request_id or f"req-{engine_id}", params.n)
         self._streams[engine_id] = stream
