@@ -21,6 +21,8 @@ DEFAULT_GRPC_PORT = 50050
 # without Redis the choices are all the router knows, so they last longer.
 CHOICE_TTL_WITH_REDIS_S = 10.0
 CHOICE_TTL_LOCAL_S = 300.0
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+DEFAULT_MAX_TOKENS_PER_REQUEST = 131072
 
 
 def _port(name: str, value: int) -> None:
@@ -115,6 +117,26 @@ class RouterConfig:
     shutdown_timeout: float = field(
         default=30.0, metadata={"help": "Seconds open requests get to finish on shutdown."}
     )
+    # ---- limits: each a 400 (413, 415) naming what to change ----
+    max_request_body_bytes: int = field(
+        default=DEFAULT_MAX_BODY_BYTES,
+        metadata={"help": "Largest HTTP request body accepted (413 beyond)."},
+    )
+    max_prompt_chars: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest prompt text, in characters, checked before tokenizing "
+            "(default: max_model_len times the longest token's length, which no prompt "
+            "that fits can exceed)."
+        },
+    )
+    max_tokens_per_request: int = field(
+        default=DEFAULT_MAX_TOKENS_PER_REQUEST,
+        metadata={
+            "help": "Bound on n x max_tokens summed over a request's prompts: the most "
+            "tokens one request may ask the workers to generate."
+        },
+    )
 
     def __post_init__(self) -> None:
         _port("port", self.port)
@@ -135,6 +157,8 @@ class RouterConfig:
                 f"--affinity-threshold must be in [0, 1], got {self.affinity_threshold}"
             )
         _positive("max_attempts", self.max_attempts)
+        for name in ("max_request_body_bytes", "max_prompt_chars", "max_tokens_per_request"):
+            _positive(name, getattr(self, name))
         _positive("tokenizer_threads", self.tokenizer_threads)
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")

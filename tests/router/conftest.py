@@ -28,6 +28,7 @@ from tests.redis_server import RedisServer
 
 API_KEY = "test-key"
 MODEL = "tiny"
+MAX_TOKENS_PER_REQUEST = 4096
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +70,8 @@ def serving(args: list[str], log_path: Path, num_workers: int) -> Iterator[Serve
 def served(make_checkpoint, tmp_path_factory):
     """`pagoda serve` with two workers; no Redis (its embedded store)."""
     args = [str(make_checkpoint("llama")), "--num-workers=2", f"--served-model-name={MODEL}"]
-    args += [f"--api-key={API_KEY}", *ENGINE_FLAGS]
+    args += [f"--api-key={API_KEY}", f"--max-tokens-per-request={MAX_TOKENS_PER_REQUEST}"]
+    args += [*ENGINE_FLAGS]
     with serving(args, tmp_path_factory.mktemp("serve") / "serve.log", 2) as served:
         yield served
 
