@@ -166,7 +166,7 @@ class ModelRunner:
             seed = new.sampling_params.seed
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id,
-                token_ids=list(new.prompt_token_ids),
+                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
                 block_ids=list(new.block_ids),

@@ -21,6 +21,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hit
+    # Tokens generated before the request came here (resumed from a failed worker).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

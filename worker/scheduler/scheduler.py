@@ -153,6 +153,7 @@ class Scheduler:
                         request.sampling_params,
                         block_ids,
                         num_hit,
+                        list(request.output_token_ids),
                     )
                 )
 

@@ -56,6 +56,7 @@ class _Add:
     params: SamplingParams
     priority: int
     cache_salt: bytes | None
+    output_token_ids: list[int]
 
 
 @dataclass
@@ -113,8 +114,11 @@ class EngineLoop:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: bytes | None = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
-        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt))
+        self._inbox.put(
+            _Add(engine_id, prompt_token_ids, params, priority, cache_salt, output_token_ids or [])
+        )
 
     def abort(self, engine_id: str) -> None:
         self._inbox.put(_Abort(engine_id))
@@ -193,6 +197,7 @@ class EngineLoop:
                 command.params,
                 priority=command.priority,
                 cache_salt=command.cache_salt,
+                output_token_ids=command.output_token_ids,
             )
         except Exception as exc:  # validated before, so this is rare; the stream gets it
             self._outbox.append((command.engine_id, exc))

@@ -83,6 +83,7 @@ class RequestHub:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: bytes | None = None,
+        output_token_ids: list[int] | None = None,
     ) -> RequestStream:
         """Admit a request (or raise the error its caller gets) and start it."""
         if self.is_draining:
@@ -92,7 +93,7 @@ class RequestHub:
         if self.engine_loop.is_broken:
             raise UnavailableError("the worker's engine failed and cannot take requests")
         # Reads only immutable model facts, so it is safe beside the engine thread.
-        self.engine.validate(prompt_token_ids, params, priority)
+        self.engine.validate(prompt_token_ids, params, priority, output_token_ids or ())
         if params.n > self.engine_loop.max_waiting:
             # Each sample waits as a request of its own: this one could never be queued,
             # so retrying it (as a full queue's RESOURCE_EXHAUSTED invites) is futile.
@@ -105,7 +106,9 @@ class RequestHub:
         stream = RequestStream(engine_id, request_id or f"req-{engine_id}", params.n)
         self._streams[engine_id] = stream
         self._changed()
-        self.engine_loop.submit(engine_id, prompt_token_ids, params, priority, cache_salt)
+        self.engine_loop.submit(
+            engine_id, prompt_token_ids, params, priority, cache_salt, output_token_ids
+        )
         return stream
 
     def close(self, stream: RequestStream) -> None:
