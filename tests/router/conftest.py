@@ -28,7 +28,7 @@ from tests.redis_server import RedisServer
 
 API_KEY = "test-key"
 MODEL = "tiny"
-MAX_TOKENS_PER_REQUEST = 4096
+MAX_TOKENS_PER_REQUEST = 8192
 
 
 @pytest.fixture(scope="session")
