@@ -105,6 +105,21 @@ class RouterConfig:
         default=3,
         metadata={"help": "Workers one request may try when they fail before its first token."},
     )
+    migration_limit: int = field(
+        default=3,
+        metadata={
+            "help": "Times a request whose worker fails after tokens have streamed is "
+            "resumed on another worker, with the tokens so far (0: the stream ends with "
+            "an error instead)."
+        },
+    )
+    worker_stall_timeout: float = field(
+        default=15.0,
+        metadata={
+            "help": "Seconds a worker may stay silent (no load report, no token on any "
+            "stream) before it counts as hung: its streams move to other workers."
+        },
+    )
     tokenizer_threads: int = field(
         default=2, metadata={"help": "Threads that tokenize and render chat templates."}
     )
@@ -150,7 +165,9 @@ class RouterConfig:
                 f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, "
                 f"got {self.routing_policy!r}"
             )
-        for name in ("choice_ttl", "load_interval", "discovery_interval"):
+        if self.migration_limit < 0:
+            raise ConfigError(f"--migration-limit must be >= 0, got {self.migration_limit}")
+        for name in ("choice_ttl", "load_interval", "discovery_interval", "worker_stall_timeout"):
             _positive(name, getattr(self, name))
         if not 0 <= self.affinity_threshold <= 1:
             raise ConfigError(
