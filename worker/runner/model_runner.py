@@ -171,7 +171,7 @@ class ModelRunner:
             seed = new.sampling_params.seed
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id,
-                token_ids=list(new.prompt_token_ids),
+                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
                 block_ids=list(new.block_ids),
@@ -179,6 +179,10 @@ class ModelRunner:
                 generator=None if seed is None else torch.Generator(self.device).manual_seed(seed),
                 grammar=None if new.grammar is None else GrammarState(new.grammar),
             )
+            state = self.requests[new.req_id]
+            if state.grammar is not None and new.output_token_ids:
+                # Resumed from a failed worker: its matcher walks the tokens made there.
+                state.grammar.rebuild(state.output_token_ids)
         for cached in output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.resumed_from_preemption:

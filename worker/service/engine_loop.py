@@ -59,6 +59,7 @@ class _Add:
     params: SamplingParams
     priority: int
     cache_salt: bytes | None
+    output_token_ids: list[int]
     grammar: Any = None
 
 
@@ -98,7 +99,7 @@ class EngineLoop:
         self._loop = loop
         self._deliver = deliver
         self._load = load
-        self._max_waiting = max_waiting
+        self.max_waiting = max_waiting
         self.on_kv_events = on_kv_events  # set before requests arrive; read between steps
         self.metrics: WorkerMetrics | None = None  # likewise
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -126,8 +127,19 @@ class EngineLoop:
         priority: int = 0,
         cache_salt: bytes | None = None,
         grammar: Any = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
-        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt, grammar))
+        self._inbox.put(
+            _Add(
+                engine_id,
+                prompt_token_ids,
+                params,
+                priority,
+                cache_salt,
+                output_token_ids or [],
+                grammar,
+            )
+        )
 
     def abort(self, engine_id: str) -> None:
         self._inbox.put(_Abort(engine_id))
@@ -202,13 +214,13 @@ class EngineLoop:
 
     def _add(self, command: _Add) -> None:
         num_waiting = len(self.engine.core.scheduler.waiting)
-        if num_waiting + command.params.n > self._max_waiting:
+        if num_waiting + command.params.n > self.max_waiting:
             self._outbox.append(
                 (
                     command.engine_id,
                     CapacityError(
                         f"the waiting queue is full ({num_waiting} waiting, --max-waiting "
-                        f"{self._max_waiting}); retry later or on another worker"
+                        f"{self.max_waiting}); retry later or on another worker"
                     ),
                 )
             )
@@ -221,6 +233,7 @@ class EngineLoop:
                 priority=command.priority,
                 cache_salt=command.cache_salt,
                 grammar=command.grammar,
+                output_token_ids=command.output_token_ids,
             )
         except Exception as exc:  # validated before, so this is rare; the stream gets it
             self._outbox.append((command.engine_id, exc))

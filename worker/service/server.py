@@ -49,6 +49,11 @@ _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     # Two workers must never share a port silently.
     ("grpc.so_reuseport", 0),
+    # Routers ping every 10 s to find dead peers (router/routing/worker_handle.py);
+    # without these the server would answer their pings with GOAWAY.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
