@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import pickle
 import threading
 import time
@@ -38,6 +39,16 @@ from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
 logger = get_logger(__name__)
 
 MONITOR_SECONDS = 0.5
+
+
+def without_grammars(output: SchedulerOutput) -> SchedulerOutput:
+    """The step with its compiled grammars left out: they do not pickle (xgrammar
+    objects), so each rank compiles its own from sampling_params.structured_outputs
+    (RankWorker.execute_model) and every rank masks, and samples, alike."""
+    if not any(new.grammar is not None for new in output.scheduled_new_reqs):
+        return output
+    new_reqs = [dataclasses.replace(new, grammar=None) for new in output.scheduled_new_reqs]
+    return dataclasses.replace(output, scheduled_new_reqs=new_reqs)
 
 
 class MultiprocExecutor(Executor):
@@ -134,7 +145,7 @@ class MultiprocExecutor(Executor):
         return value
 
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        return self._call("execute_model", output)
+        return self._call("execute_model", without_grammars(output))
 
     def rank_stats(self) -> dict[str, float]:
         """Rank 0's cumulative step, collective and broadcast-read seconds, and the
