@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from shared.errors import ConfigError
+from worker.distributed import tp_all_gather
 from worker.models.checkpoint_slice import materialize
 
 
@@ -173,3 +174,19 @@ def is_layer_skipped(
             "the engine needs all or none of them converted"
         )
     return all(parts)
+
+
+def whole_input_rows(layer: nn.Module) -> tuple[torch.Tensor, slice | None]:
+    """The layer's dense weight [out, in] over every input feature, and which of
+    those columns this rank keeps (None: all of them).
+
+    Quantizing at load takes statistics over whole rows (a row's max, a group of
+    128 inputs); a row-parallel rank holds only its slice of the inputs, so it
+    gathers the rows (one layer at a time, at load) and quantizes exactly as
+    tensor-parallel size 1 does, then keeps its own columns.
+    """
+    weight = layer.weight.data
+    if layer.input_size_per_partition == layer.input_size:
+        return weight, None
+    start = layer.tp_rank * layer.input_size_per_partition
+    return tp_all_gather(weight, dim=1), slice(start, start + layer.input_size_per_partition)
