@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.errors import describe, error_body
 from router.generation import Generation
+from router.limits import read_body
 from router.metrics import CONTENT_TYPE
 from router.openai.chat import ChatCompletion
 from router.openai.completions import Completion
@@ -91,7 +92,8 @@ def build_app(state: RouterState) -> RequestLog:
         arrival = time.monotonic()
         try:
             state.check_api_key(request.headers.get("authorization"))
-            await request.body()  # read (and kept) before listening for a disconnect
+            # Read (and kept) before listening for a disconnect.
+            await read_body(request, state.config.max_request_body_bytes)
             payload, generation = await unless_disconnected(request, handle(arrival))
         except ClientGone:
             metrics.requests.labels(api, "499").inc()

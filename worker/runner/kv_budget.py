@@ -80,16 +80,19 @@ def plan_kv_cache(
     max_model_len: int,
     tp_size: int = 1,
     gpu_profile: GPUMemoryProfile | None = None,
+    num_local_ranks: int = 1,
 ) -> KVBudget:
-    """gpu_profile: on a GPU, the start-up profile (gpu_memory.py); it sizes the
-    cache unless --num-kv-blocks or --kv-cache-memory does."""
+    """One rank's cache (its own KV heads). gpu_profile: on a GPU, the start-up
+    profile (gpu_memory.py); it sizes the cache unless --num-kv-blocks or
+    --kv-cache-memory does. num_local_ranks: ranks sharing this machine's RAM,
+    which split the CPU default between them."""
     if device.type == "cpu" and cache.gpu_memory_utilization != _GPU_UTILIZATION_DEFAULT:
         logger.warning(
             "--gpu-memory-utilization sizes a GPU's memory and does nothing on CPU; here "
             "--kv-cache-memory (e.g. 4GiB, vLLM's VLLM_CPU_KVCACHE_SPACE) or "
             "--kv-cache-memory-fraction sizes the KV cache"
         )
-    bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype) // tp_size
+    bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype, tp_size)
     if cache.num_kv_blocks is not None:
         num_blocks = cache.num_kv_blocks
     elif cache.kv_cache_memory is not None:
@@ -107,6 +110,8 @@ def plan_kv_cache(
         kv_bytes = int(available_memory(device) * fraction)
         if device.type == "cpu" and cache.kv_cache_memory_fraction is None:
             kv_bytes = min(kv_bytes, _CPU_DEFAULT_CAP)
+        if device.type == "cpu":
+            kv_bytes //= num_local_ranks
         num_blocks = kv_bytes // bytes_per_block
     budget = KVBudget(
         weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len, gpu_profile

@@ -62,7 +62,14 @@ async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int
         signalled.cancel()
         await server.stop()
         raise
-    await signalled
+    failed = asyncio.ensure_future(server.failed.wait())
+    await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+    if server.failed.is_set():
+        signalled.cancel()
+        logger.error("the engine cannot run any more: stopping the worker")
+        await server.drain_and_stop(timeout=5.0)  # its streams have already ended
+        return 1
+    failed.cancel()
     logger.info("shutting down")
     await server.drain_and_stop()
     return 0
@@ -91,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if config.parent_pid is not None:
         watch_parent(config.parent_pid)
+    if engine_config.parallel.node_rank > 0:  # a multi-node group's other machines
+        from worker.executor.remote_node import run_node
+
+        try:
+            return run_node(engine_config)
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            return 2
     try:
         import uvloop
 

@@ -49,6 +49,11 @@ _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     # Two workers must never share a port silently.
     ("grpc.so_reuseport", 0),
+    # Routers ping every 10 s to find dead peers (router/routing/worker_handle.py);
+    # without these the server would answer their pings with GOAWAY.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -88,6 +93,8 @@ class WorkerServer:
         self.metrics_registry = CollectorRegistry()
         self.metrics_port = 0
         self._metrics_http = None
+        # Set when the engine can never step again (a tensor-parallel rank died).
+        self.failed = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -175,6 +182,8 @@ class WorkerServer:
         ):
             self._is_marked_broken = True
             self._health_task = asyncio.ensure_future(self._set_health(_NOT_SERVING))
+            if self.engine_loop.fatal_error is not None:
+                self.failed.set()
 
     async def _set_health(self, status: int) -> None:
         for name in _HEALTH_NAMES:
