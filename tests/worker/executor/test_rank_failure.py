@@ -149,3 +149,23 @@ def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
         wait_for(lambda: all(_is_gone(pid) for pid in ranks), timeout=30, what="ranks to exit")
     finally:
         worker.stop(timeout=5)
+
+
+@pytest.mark.slow
+def test_ranks_die_with_their_worker(make_checkpoint, tmp_path):
+    """SIGKILL gives the worker no chance to stop them: PR_SET_PDEATHSIG does."""
+    port = free_port()
+    args = ["--model", str(make_checkpoint("llama")), "--host", "127.0.0.1", f"--port={port}"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    worker = PagodaProcess("worker", args, tmp_path / "worker.log")
+    try:
+        ranks = wait_for(
+            lambda: worker.check_alive() or (_rank_pids(worker.process.pid)[1:] and
+                                             _rank_pids(worker.process.pid)),
+            timeout=180, interval=0.2, what="two ranks",
+        )  # fmt: skip
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait(30)
+        wait_for(lambda: all(_is_gone(pid) for pid in ranks), timeout=30, what="ranks to exit")
+    finally:
+        worker.stop(timeout=5)
