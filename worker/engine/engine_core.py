@@ -46,7 +46,10 @@ class EngineCore:
     @property
     def runner(self) -> ModelRunner:
         """The in-process model runner (tensor-parallel size 1 only)."""
-        return self.executor.runner
+        runner = getattr(self.executor, "runner", None)
+        if runner is None:
+            raise AttributeError("the model runners live in the rank processes at TP > 1")
+        return runner
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -26,11 +26,14 @@ def rendezvous_address(parallel: ParallelConfig) -> str:
 
 
 def split_cores(cores: list[int], num_ranks: int) -> list[tuple[int, ...]]:
-    """Disjoint, equal, contiguous groups (a remainder core stays with the last rank)."""
+    """Disjoint, equal, contiguous groups; a remainder core is left idle.
+
+    NOTE: equal on purpose. Every rank samples from the same gathered logits and
+    must draw the same token; torch's CPU reductions can round differently at
+    different thread counts, and ranks whose tokens differ would go on silently
+    wrong."""
     per = len(cores) // num_ranks
-    groups = [tuple(cores[i * per : (i + 1) * per]) for i in range(num_ranks)]
-    groups[-1] = groups[-1] + tuple(cores[num_ranks * per :])
-    return groups
+    return [tuple(cores[i * per : (i + 1) * per]) for i in range(num_ranks)]
 
 
 def local_placements(

@@ -10,7 +10,7 @@ from worker.executor.placement import local_placements, rendezvous_address, spli
 
 def test_cores_split_into_disjoint_equal_groups():
     assert split_cores([0, 1, 2, 3], 2) == [(0, 1), (2, 3)]
-    assert split_cores([4, 5, 6, 7, 8], 2) == [(4, 5), (6, 7, 8)]  # the odd one to the last
+    assert split_cores([4, 5, 6, 7, 8], 2) == [(4, 5), (6, 7)]  # equal: 8 stays idle
     assert split_cores([0, 1], 2) == [(0,), (1,)]
 
 
