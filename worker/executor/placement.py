@@ -8,7 +8,7 @@ import socket
 import torch
 
 from shared.errors import ConfigError
-from worker.config import DEFAULT_MASTER_PORT, ParallelConfig
+from worker.config import DEFAULT_MASTER_PORT, DeviceConfig, ParallelConfig
 from worker.executor.rank_worker import RankPlacement
 
 
@@ -16,6 +16,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def device_type(config: DeviceConfig) -> torch.device:
+    """The kind of device the ranks will use, without creating a CUDA context in
+    this process (the engine process of a TP group holds no model: a context
+    here would take memory from rank 0's GPU)."""
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for, but torch sees no CUDA device")
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def rendezvous_address(parallel: ParallelConfig) -> str:
