@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cli_args import add_dataclass_args, dataclass_from_args, parse_bytes
+from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -43,6 +44,15 @@ class ModelConfig:
     max_model_len: int | None = field(
         default=None,
         metadata={"help": "Longest prompt + output, in tokens (default: the model's)."},
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weight quantization (vLLM's names). Default: the checkpoint's own "
+            "(config.json quantization_config: gptq, awq, fp8, compressed-tensors); from a "
+            "dense checkpoint, quantize at load: int8 (per channel), int4 (groups of 128), "
+            "fp8, bitsandbytes (NF4)."
+        },
     )
     seed: int = field(default=0, metadata={"help": "Seed for requests that set none."})
     served_model_name: str | None = field(
@@ -219,7 +229,16 @@ class DeviceConfig:
         default="auto", metadata={"help": "auto, cpu or cuda.", "choices": ("auto", "cpu", "cuda")}
     )
     cpu_threads: int | None = field(
-        default=None, metadata={"help": "Threads for CPU compute (default: all cores)."}
+        default=None,
+        metadata={"help": "Threads for CPU compute (default: one per core this worker may use)."},
+    )
+    cpu_cores: str | None = field(
+        default=None,
+        metadata={
+            "help": "CPU cores this worker runs on, as a Linux cpulist (e.g. 0-3,8); every "
+            "thread is pinned there (default: all this process may use; pagoda serve gives "
+            "each worker its own)."
+        },
     )
     enforce_eager: bool = field(
         default=False,
@@ -234,6 +253,11 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         _positive("cpu_threads", self.cpu_threads)
+        if self.cpu_cores is not None:
+            try:
+                parse_core_list(self.cpu_cores)
+            except ValueError as exc:
+                raise ConfigError(f"--cpu-cores: {exc}") from None
 
 
 _GROUPS = {

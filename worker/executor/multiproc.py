@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import pickle
 import threading
 import time
@@ -39,6 +40,16 @@ logger = get_logger(__name__)
 MONITOR_SECONDS = 0.5
 
 
+def without_grammars(output: SchedulerOutput) -> SchedulerOutput:
+    """The step with its compiled grammars left out: they do not pickle (xgrammar
+    objects), so each rank compiles its own from sampling_params.structured_outputs
+    (RankWorker.execute_model) and every rank masks, and samples, alike."""
+    if not any(new.grammar is not None for new in output.scheduled_new_reqs):
+        return output
+    new_reqs = [dataclasses.replace(new, grammar=None) for new in output.scheduled_new_reqs]
+    return dataclasses.replace(output, scheduled_new_reqs=new_reqs)
+
+
 class MultiprocExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
         parallel = config.parallel
@@ -47,7 +58,7 @@ class MultiprocExecutor(Executor):
         plan = ModelPlan.make(config, device)  # config errors before any process starts
         self.spec, self.dtype, self.max_model_len = plan.spec, plan.dtype, plan.max_model_len
         self.rendezvous = rendezvous_address(parallel)
-        placements = local_placements(parallel, device, self.rendezvous)
+        placements = local_placements(parallel, device, self.rendezvous, config.device.cpu_cores)
         self._failure: ExecutorFailure | None = None
         self._is_closed = False
         self._relay: StepRelayServer | None = None
@@ -133,7 +144,7 @@ class MultiprocExecutor(Executor):
         return value
 
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        return self._call("execute_model", output)
+        return self._call("execute_model", without_grammars(output))
 
     def rank_stats(self) -> dict[str, float]:
         """Rank 0's cumulative step, collective and broadcast-read seconds, and the

@@ -7,6 +7,7 @@ import socket
 
 import torch
 
+from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
 from worker.config import DEFAULT_MASTER_PORT, DeviceConfig, ParallelConfig
 from worker.executor.rank_worker import RankPlacement
@@ -48,10 +49,13 @@ def split_cores(cores: list[int], num_ranks: int) -> list[tuple[int, ...]]:
 
 
 def local_placements(
-    parallel: ParallelConfig, device: torch.device, init_method: str
+    parallel: ParallelConfig,
+    device: torch.device,
+    init_method: str,
+    cpu_cores: str | None = None,
 ) -> list[RankPlacement]:
     """This node's ranks: one GPU each, or on CPU each its own share of the cores
-    this process may run on."""
+    this process may run on (of --cpu-cores, when given)."""
     num_local, tp = parallel.ranks_per_node, parallel.tensor_parallel_size
     if device.type == "cuda":
         num_gpus = torch.cuda.device_count()
@@ -64,7 +68,7 @@ def local_placements(
             )
         core_groups: list[tuple[int, ...] | None] = [None] * num_local
     else:
-        cores = sorted(os.sched_getaffinity(0))
+        cores = sorted(parse_core_list(cpu_cores) if cpu_cores else os.sched_getaffinity(0))
         if len(cores) < num_local:
             raise ConfigError(
                 f"--tensor-parallel-size {tp} needs {num_local} CPU cores on this node, one per "

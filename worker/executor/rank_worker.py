@@ -8,11 +8,11 @@ start-up and stepping are one code path at every world size.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
 
+from shared.cpu_cores import format_core_list
 from shared.logging import get_logger
 from worker.config import EngineConfig
 from worker.distributed import init_tensor_parallel, tp_min
@@ -47,11 +47,17 @@ class RankWorker:
             torch.cuda.set_device(placement.local_rank)
         device = self.device = resolve_device(config.device)
         if device.type == "cpu":
+            device_config = config.device
             if placement.cpu_cores is not None:
-                os.sched_setaffinity(0, placement.cpu_cores)
-            configure_cpu_threads(config.device)
+                # The rank's share of the worker's cores replaces --cpu-cores, which
+                # names them all.
+                device_config = dataclasses.replace(
+                    device_config, cpu_cores=format_core_list(placement.cpu_cores)
+                )
+            configure_cpu_threads(device_config)
             keep_freed_memory()
         self.plan = ModelPlan.make(config, device)
+        self._grammars = None  # a rank process's own GrammarCompiler, made on first use
         if placement.world_size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             init_tensor_parallel(
@@ -103,4 +109,31 @@ class RankWorker:
             self.runner.capture_cuda_graphs()
 
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute_model(output)
+        return self.runner.execute_model(self._with_grammars(output))
+
+    def _with_grammars(self, output: SchedulerOutput) -> SchedulerOutput:
+        """In a rank process, the grammars the engine process compiled (and could
+        not send, see multiproc.without_grammars), compiled again here: cached per
+        constraint, so once per schema and rank."""
+        missing = [
+            new
+            for new in output.scheduled_new_reqs
+            if new.grammar is None and new.sampling_params.structured_outputs is not None
+        ]
+        if not missing:
+            return output
+        if self._grammars is None:
+            from worker.structured.compiler import GrammarCompiler
+
+            spec = self.plan.spec
+            tokenizer = self.config.model.tokenizer or spec.path
+            self._grammars = GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids)
+        new_reqs = [
+            dataclasses.replace(
+                new, grammar=self._grammars.compile(new.sampling_params.structured_outputs)
+            )
+            if new in missing
+            else new
+            for new in output.scheduled_new_reqs
+        ]
+        return dataclasses.replace(output, scheduled_new_reqs=new_reqs)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from worker.layers.quantization import cpu_packed
+from worker.layers import cpu_packed
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -13,6 +13,7 @@ from torch import nn
 from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.distributed import get_tp_size
+from worker.layers.quantization import QuantizationConfig
 from worker.models.checkpoint_slice import CheckpointSlice, materialize
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
@@ -114,14 +115,25 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 def build_model(
-    spec: ModelSpec, dtype: torch.dtype, device: torch.device, max_position: int
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_position: int,
+    quant_config: QuantizationConfig | None = None,
 ) -> nn.Module:
+    """The model of `spec` with its weights loaded; `quant_config` (from
+    `resolve_quantization`) gives its linear layers their storage format."""
     model_cls = get_model_class(spec.architecture)
+    if quant_config is not None:
+        packed = getattr(model_cls, "packed_modules_mapping", {})
+        quant_config.packed_modules = {
+            fused: [part for part, _ in parts] for fused, parts in packed.items()
+        }
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = model_cls(spec, max_position)
+            model = model_cls(spec, max_position, quant_config)
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, spec.path)

@@ -8,7 +8,7 @@ Both the current Hugging Face layout (`rope_parameters`, `dtype`,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     checkpoint_dtype: torch.dtype
+    # config.json's quantization_config as written (None: a dense checkpoint).
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
     def from_folder(cls, path: Path) -> ModelSpec:
@@ -78,6 +80,7 @@ class ModelSpec:
             checkpoint_dtype=_DTYPES.get(
                 str(cfg.get("dtype") or cfg.get("torch_dtype")), torch.float32
             ),
+            quantization_config=cfg.get("quantization_config"),
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype, tp_size: int = 1) -> int:
