@@ -148,6 +148,8 @@ def set_int_weight(
         )
         layer.int_group_size, layer.input_perm = kernel_group, perm
         return
+    if group_size > 0:  # groups as runs: the twin broadcasts scales over them, x is sorted
+        codes, g_idx = (codes, g_idx) if perm is None else (codes[:, perm], g_idx[perm])
     stored = pack_nibbles(codes) if bits == 4 else codes.to(torch.uint8).contiguous()
     replace_params(
         layer,
@@ -157,22 +159,30 @@ def set_int_weight(
         int_zeros=zeros.to(act_dtype).contiguous(),
         int_g_idx=g_idx.to(torch.int64).contiguous(),
     )
-    layer.input_perm = None
+    layer.int_group_size, layer.input_perm = group_size, perm
 
 
 def int_weight_dense(layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """The twin's weight of a `dequant` layer: [out, in] in `dtype`."""
     codes = unpack_nibbles(layer.int_weight) if layer.int_bits == 4 else layer.int_weight
-    return dequantize(codes, layer.int_scales, layer.int_zeros, layer.int_g_idx, dtype)
+    size = layer.int_group_size
+    if not size:
+        return dequantize(codes, layer.int_scales, layer.int_zeros, layer.int_g_idx, dtype)
+    # Runs of `size` inputs per group: no [out, in] gather of scales. Where dtype is
+    # bf16 both factors are bf16 and their product rounds once, as in `dequantize`.
+    out_features, in_features = codes.shape
+    grouped = codes.view(out_features, -1, size).to(dtype)  # [out, groups, size]
+    zeros, scales = layer.int_zeros.to(dtype)[..., None], layer.int_scales.to(dtype)[..., None]
+    return ((grouped - zeros) * scales).view(out_features, in_features)
 
 
 def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [num_tokens, in] -> [num_tokens, out] through the layer's kernel."""
     kernel = layer.int_kernel
-    if kernel == "dequant":
-        return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     if layer.input_perm is not None:
         x = x.index_select(-1, layer.input_perm)
+    if kernel == "dequant":
+        return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # the kernels read rows densely
     if kernel == "int8pack":

@@ -12,11 +12,14 @@ from worker.layers.quantization.awq import unpack_awq
 from worker.layers.quantization.int_weight import (
     apply_int_weight,
     dequantize,
+    int_weight_dense,
     pack_nibbles,
     set_int_weight,
     unpack_int32,
     unpack_nibbles,
 )
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=0.05, rtol=0.02)}
 
 
 def _codes(out_features, in_features, bits, num_groups, seed=0, act_order=False):
@@ -68,13 +71,19 @@ def test_kernel_matches_dequantize_twin(bits, groups, act_order, symmetric, kern
     torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0.02)
 
 
-def test_dequant_twin_is_exact_in_float32():
-    codes, scales, zeros, g_idx = _codes(40, 96, 4, 3, act_order=True)
-    layer = _layer(codes, scales, zeros, g_idx, 4, torch.float32, kernel="dequant")
-    x = torch.randn(3, 96)
-    w = (codes.float() - zeros[:, g_idx]) * scales[:, g_idx]
-    assert torch.equal(apply_int_weight(layer, x, None), torch.nn.functional.linear(x, w))
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_twin_weight_is_the_dequantized_weight_bit_for_bit(act_order, dtype):
+    codes, scales, zeros, g_idx = _codes(40, 96, 4, 3, act_order=act_order)
+    layer = _layer(codes, scales, zeros, g_idx, 4, dtype, kernel="dequant")
     assert layer.int_weight.dtype == torch.uint8 and layer.int_weight.shape == (40, 48)
+    w = dequantize(codes, scales.to(dtype), zeros.to(dtype), g_idx, dtype)
+    perm = layer.input_perm  # act-order: stored with inputs sorted by group
+    assert (perm is not None) == act_order
+    assert torch.equal(int_weight_dense(layer, dtype), w if perm is None else w[:, perm])
+    x = torch.randn(3, 96).to(dtype)
+    expected = torch.nn.functional.linear(x.float(), w.float())
+    torch.testing.assert_close(apply_int_weight(layer, x, None).float(), expected, **TOL[dtype])
 
 
 def test_twin_when_groups_differ_in_size():
