@@ -11,6 +11,9 @@ only in how their codes lie on disk. After loading, each hands
 
 and the layer keeps it in the form the kernel chosen for its shape reads:
 
+* `int8panel`: Pagoda's AVX512-BF16 weight-only linear (kernels/cpu/
+  gemm_weight_only.cpp), for 8-bit symmetric per-row codes with bf16
+  activations: the codes in the bf16 panel layout at a byte each;
 * `int8pack`: torch's `_weight_int8pack_mm` (int8 [out, in] x per-output scale),
   for 8-bit codes with one group per row and the zero at 128 (symmetric);
 * `int4pack`: torch's `_weight_int4pack_mm_for_cpu` (its own packed layout,
@@ -29,10 +32,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import load_weight_only_kernels
 from shared import env
 from worker.layers.quantization.base import replace_params
 
 INT4_GROUP_SIZES = (256, 128, 64, 32)
+
+
+def byte_panels_fit(shape: tuple[int, int], act_dtype: torch.dtype) -> bool:
+    """Whether kernels/cpu/gemm_weight_only.cpp runs an 8-bit weight of this
+    [out, in] shape: bf16 activations, out % 32 == 0, even in, AVX512-BF16."""
+    if act_dtype != torch.bfloat16 or shape[0] % 32 or shape[1] % 2:
+        return False
+    kernels = load_weight_only_kernels()
+    return kernels is not None and kernels.supported()
 
 
 def dequantize(
@@ -87,14 +100,20 @@ def _contiguous_groups(g_idx: torch.Tensor, num_groups: int) -> tuple[torch.Tens
 
 
 def choose_kernel(
-    bits: int, group_size: int, symmetric_per_row: bool, out_features: int, device: torch.device
+    bits: int,
+    group_size: int,
+    symmetric_per_row: bool,
+    shape: tuple[int, int],
+    device: torch.device,
+    act_dtype: torch.dtype,
 ) -> str:
-    """`int8pack`, `int4pack` or `dequant` for codes of this shape (group_size 0:
-    groups not contiguous). torch's weight-only kernels are CPU ones here."""
+    """`int8panel`, `int8pack`, `int4pack` or `dequant` for codes of this shape
+    (group_size 0: groups not contiguous). The weight-only kernels are CPU ones."""
+    out_features = shape[0]
     if device.type != "cpu" or not env.cpu_quantized_kernels():
         return "dequant"
     if bits == 8 and symmetric_per_row:
-        return "int8pack"
+        return "int8panel" if byte_panels_fit(shape, act_dtype) else "int8pack"
     fits_int4 = group_size > 0 and any(group_size % g == 0 for g in INT4_GROUP_SIZES)
     if bits == 4 and fits_int4 and out_features % 16 == 0:
         return "int4pack"
@@ -114,17 +133,21 @@ def set_int_weight(
 ) -> None:
     """Replace the checkpoint-format parameters `drop` of `layer` by the kernel
     form of (codes, scales, zeros, g_idx); `kernel` forces one (tests)."""
-    out_features = codes.shape[0]
     num_groups = scales.shape[1]
     perm, group_size = _contiguous_groups(g_idx, num_groups)
     one_group = num_groups == 1 and bool((zeros == 2 ** (bits - 1)).all())
-    kernel = kernel or choose_kernel(bits, group_size, one_group, out_features, codes.device)
+    kernel = kernel or choose_kernel(
+        bits, group_size, one_group, tuple(codes.shape), codes.device, act_dtype
+    )
     layer.int_kernel, layer.int_bits = kernel, bits
-    if kernel == "int8pack":
-        assert one_group, "int8pack takes symmetric per-output scales"
+    if kernel in ("int8pack", "int8panel"):
+        assert one_group, f"{kernel} takes symmetric per-output scales"
         weight = (codes.to(torch.int16) - 128).to(torch.int8).contiguous()  # [out, in]
+        if kernel == "int8panel":  # [out / 32, in / 2, 64] bytes, float32 scales
+            weight = load_weight_only_kernels().pack_byte_panels(weight)
+        scale_dtype = torch.float32 if kernel == "int8panel" else act_dtype
         replace_params(
-            layer, drop, int_weight=weight, int_scales=scales[:, 0].to(act_dtype).contiguous()
+            layer, drop, int_weight=weight, int_scales=scales[:, 0].to(scale_dtype).contiguous()
         )
         layer.input_perm = None
         return
@@ -185,6 +208,11 @@ def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
         return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # the kernels read rows densely
+    if kernel == "int8panel":
+        out = load_weight_only_kernels().weight_only_linear(
+            x2, layer.int_weight, layer.int_scales, bias
+        )
+        return out.view(*lead, out.shape[-1])
     if kernel == "int8pack":
         out = torch.ops.aten._weight_int8pack_mm(x2, layer.int_weight, layer.int_scales)
     else:

@@ -110,3 +110,42 @@ def test_awq_words_unpack_in_the_interleaved_order():
     # Word 0 holds columns 0,2,4,6,1,3,5,7 from the lowest nibble up.
     assert [(int(words[0, 0]) >> (4 * k)) & 15 for k in range(8)] == list(AWQ_ORDER)
     assert torch.equal(unpack_awq(words), codes.int())
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+def test_byte_panel_kernel_matches_its_twin_in_bf16(method):
+    """8-bit per-row weights with bf16 activations take kernels/cpu/gemm_weight_only.cpp
+    where it builds; its output equals the dequantize-then-matmul twin to bf16 rounding."""
+    from kernels.cpu import load_weight_only_kernels
+    from worker.layers.quantization import resolve_quantization
+    from worker.layers.quantization.fp8_weight import dequantize_fp8
+
+    kernels = load_weight_only_kernels()
+    if kernels is None or not kernels.supported():
+        pytest.skip("the weight-only kernel needs AVX512-BF16")
+    layer = ReplicatedLinear(
+        160, 96, bias=True, quant_config=resolve_quantization(None, method),
+        params_dtype=torch.bfloat16,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(3)
+    layer.weight.data.copy_(torch.randn(96, 160, generator=gen) * 0.05)
+    layer.bias.data.copy_(torch.randn(96, generator=gen))
+    layer.process_weights_after_loading()
+    x = torch.randn(9, 160, generator=gen).to(torch.bfloat16)
+    if method == "int8":
+        assert layer.int_kernel == "int8panel" and layer.int_weight.shape == (3, 80, 64)
+        w = (
+            layer.int_weight.view(3, 80, 32, 2)
+            .permute(0, 2, 1, 3)
+            .reshape(96, 160)
+            .view(torch.int8)
+        )
+        w = w.float() * layer.int_scales[:, None]
+    else:
+        assert layer.fp8_kernel and layer.fp8_weight.shape == (3, 80, 64)
+        codes = layer.fp8_weight.view(3, 80, 32, 2).permute(0, 2, 1, 3).reshape(96, 160)
+        w = dequantize_fp8(
+            codes.view(torch.float8_e4m3fn), layer.fp8_scales[:, None], torch.float32
+        )
+    expected = torch.nn.functional.linear(x.float(), w, layer.bias.float())
+    torch.testing.assert_close(layer(x).float(), expected, atol=0.03, rtol=0.01)
