@@ -1,7 +1,8 @@
 """Quantized linears against the dense one, calls interleaved in one process.
 
     python -m bench.quant_linear_ab [--shape smollm2|qwen2.5-1.5b] [--rows 1 8 32] [--reps N]
-        [--methods dense int8 int4 int4-dequant fp8 bitsandbytes] [--layers L]
+        [--methods dense int8 int8-torch int4 int4-torch int4-dequant fp8 bitsandbytes]
+        [--layers L] [--cpu-time]
 
 Each method gets its own copy of L layers' linears (q/k/v fused, o, gate/up
 fused, down) of the shape, built through the engine's layers and quantization
@@ -22,7 +23,9 @@ import time
 import torch
 
 from worker.layers.linear import ReplicatedLinear
-from worker.layers.quantization import resolve_quantization
+from worker.layers.quantization import int_weight, resolve_quantization
+
+panels_fit = int_weight.byte_panels_fit
 
 SHAPES = {  # (hidden, intermediate, q size, kv size)
     "smollm2": (576, 1536, 576, 192),
@@ -36,7 +39,9 @@ def _linears(shape: str) -> list[tuple[int, int]]:
 
 
 def build(method: str, shape: str, num_layers: int, seed: int = 0) -> list[ReplicatedLinear]:
-    name = {"int4-dequant": "int4", "dense": None}.get(method, method)
+    """`int8-torch` / `int4-torch`: torch's kernels where Pagoda's would run."""
+    name = {"int4-dequant": "int4", "dense": None}.get(method, method.removesuffix("-torch"))
+    int_weight.byte_panels_fit = (lambda *_: False) if method.endswith("-torch") else panels_fit
     quant = resolve_quantization(None, name)
     gen = torch.Generator().manual_seed(seed)
     layers = []

@@ -11,12 +11,21 @@
 // (kernels/cpu/__init__.py: load_weight_only_kernels), built apart from the
 // attention kernels.
 //
+// 4-bit codes with a scale and zero per (group of K, column) take the same
+// loop with the nibbles decoded to bf16 (code - 8) by a 16-entry table: a block
+// sums each group apart in registers and adds scale * (sum - (zero - 8) * the
+// group's sum of x) to its float32 rows, which stay in L1. That is exact
+// arithmetic on the codes where the twin rounds each weight to bf16 first.
+//
 // Shapes:
 //   weight:  [N, K] int8 or uint8 (fp8 bits), N a multiple of 32, K even
 //   packed:  [N / 32, K / 2, 64] uint8: panel p, k pair kp holds columns
 //            p * 32 .. p * 32 + 31, each as (W[n][2 kp], W[n][2 kp + 1])
 //   x:       [M, K] bf16, contiguous; scales: [N] float32; bias: [N] or none
 //   out:     [M, N] bf16
+//   int4:    codes [N, K] in [0, 16) -> packed [N / 32, K / 2, 32] uint8, byte c of
+//            k pair kp = code[n][2 kp] | code[n][2 kp + 1] << 4; scales, offsets:
+//            [K / group, N] float32, offsets = scale * (zero - 8)
 // The plain twin dequantizes to bf16 and calls F.linear
 // (worker/layers/quantization/int_weight.py, fp8_weight.py).
 #include <torch/extension.h>
@@ -117,7 +126,144 @@ void run_block(int rows, const uint16_t* x, int64_t k, const uint8_t* panel, con
       TORCH_CHECK(false, "run_block: ", rows, " rows");
   }
 }
+// 16 columns x a k pair of nibbles (16 bytes) -> bf16 (code - 8) pairs.
+inline __m512bh decode_nibbles(const uint8_t* codes, __m512i table) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  // Each 32-bit lane: low nibble into bits 0-3 (k even), high into 16-19 (k odd).
+  const __m512i v = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
+  return (__m512bh)_mm512_permutexvar_epi16(v, table);
+}
+
+template <int kRows>
+void int4_block(const uint16_t* x, int64_t k, const uint8_t* panel, const float* scales, const float* offsets,
+                int64_t n, int64_t group, const float* xsum, int64_t groups, const float* bias, uint16_t* out,
+                int64_t ldo, __m512i table) {
+  alignas(64) float rows[kRows][kPanel];  // x W^T + bias so far, per row
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kPanel; ++c) rows[r][c] = bias != nullptr ? bias[c] : 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kp = g * group / 2; kp < (g + 1) * group / 2; ++kp) {
+      const uint8_t* p = panel + kp * kPanel;
+      _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
+      const __m512bh w0 = decode_nibbles(p, table), w1 = decode_nibbles(p + 16, table);
+      for (int r = 0; r < kRows; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, x + r * k + 2 * kp, 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+      }
+    }
+    const float* s = scales + g * n;
+    const float* o = offsets + g * n;
+    const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
+    const __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 xs = _mm512_set1_ps(xsum[r * groups + g]);
+      // rows += scale * sum - scale * (zero - 8) * sum(x over the group)
+      __m512 v0 = _mm512_fmadd_ps(s0, acc[r][0], _mm512_load_ps(rows[r]));
+      __m512 v1 = _mm512_fmadd_ps(s1, acc[r][1], _mm512_load_ps(rows[r] + 16));
+      _mm512_store_ps(rows[r], _mm512_fnmadd_ps(o0, xs, v0));
+      _mm512_store_ps(rows[r] + 16, _mm512_fnmadd_ps(o1, xs, v1));
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(rows[r])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 16),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(rows[r] + 16)));
+  }
+}
+
+void run_int4_block(int rows, const uint16_t* x, int64_t k, const uint8_t* panel, const float* scales,
+                    const float* offsets, int64_t n, int64_t group, const float* xsum, int64_t groups,
+                    const float* bias, uint16_t* out, int64_t ldo, __m512i table) {
+  switch (rows) {
+#define PAGODA_ROWS(r) \
+  case r:              \
+    return int4_block<r>(x, k, panel, scales, offsets, n, group, xsum, groups, bias, out, ldo, table);
+    PAGODA_ROWS(1) PAGODA_ROWS(2) PAGODA_ROWS(3) PAGODA_ROWS(4) PAGODA_ROWS(5) PAGODA_ROWS(6)
+    PAGODA_ROWS(7) PAGODA_ROWS(8) PAGODA_ROWS(9) PAGODA_ROWS(10) PAGODA_ROWS(11) PAGODA_ROWS(12)
+#undef PAGODA_ROWS
+    default:
+      TORCH_CHECK(false, "run_int4_block: ", rows, " rows");
+  }
+}
 #endif
+
+torch::Tensor pack_int4_panels(const torch::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.element_size() == 1, "pack_int4_panels takes [N, K] uint8 codes");
+  const int64_t n = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(n % kPanel == 0 && k % 2 == 0, "pack_int4_panels: [", n, ", ", k, "] needs N % 32 == 0 and even K");
+  const torch::Tensor w = codes.contiguous();
+  auto packed = torch::empty({n / kPanel, k / 2, kPanel}, codes.options().dtype(torch::kUInt8));
+  const auto* src = reinterpret_cast<const uint8_t*>(w.data_ptr());
+  auto* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t kp = 0; kp < k / 2; ++kp)
+        for (int c = 0; c < kPanel; ++c) {
+          const uint8_t* s = src + (p * kPanel + c) * k + 2 * kp;
+          dst[(p * (k / 2) + kp) * kPanel + c] = static_cast<uint8_t>((s[0] & 15) | (s[1] << 4));
+        }
+  });
+  return packed;
+}
+
+torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                          const torch::Tensor& offsets, int64_t group, const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(supported(), "int4_linear needs a build with AVX512-BF16");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
+              "x must be contiguous bf16 [rows, in]");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.dim() == 3 && packed.size(2) == kPanel &&
+                  packed.is_contiguous(),
+              "packed must come from pack_int4_panels");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), n = panels * kPanel;
+  TORCH_CHECK(packed.size(1) * 2 == k, "x has ", k, " columns, the weight ", packed.size(1) * 2);
+  TORCH_CHECK(group > 0 && group % 2 == 0 && k % group == 0, "group size ", group, " must be even and divide ", k);
+  const int64_t groups = k / group;
+  for (const auto* t : {&scales, &offsets})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->dim() == 2 && t->size(0) == groups && t->size(1) == n &&
+                    t->is_contiguous(),
+                "scales and offsets must be contiguous float32 [", groups, ", ", n, "]");
+  torch::Tensor bias_f32;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias must have ", n, " values");
+    bias_f32 = bias->to(torch::kFloat).contiguous();
+  }
+  // Each row's sum over each group: [M, groups], for the zero points.
+  const torch::Tensor xsum = x.to(torch::kFloat).view({m, groups, group}).sum(-1).contiguous();
+  auto out = torch::empty({m, n}, x.options());
+#ifdef __AVX512BF16__
+  alignas(64) uint16_t values[32] = {};
+  for (int q = 0; q < 16; ++q) {
+    const float v = static_cast<float>(q - 8);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    values[q] = static_cast<uint16_t>(bits >> 16);
+  }
+  const __m512i table = _mm512_load_si512(values);
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = packed.data_ptr<uint8_t>();
+  const float* bp = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t r = 0; r < m;) {
+        const int64_t left = m - r, blocks = (left + kMaxRows - 1) / kMaxRows;
+        const int rows = static_cast<int>((left + blocks - 1) / blocks);
+        run_int4_block(rows, xp + r * k, k, wp + p * (k / 2) * kPanel, scales.data_ptr<float>() + p * kPanel,
+                       offsets.data_ptr<float>() + p * kPanel, n, group, xsum.data_ptr<float>() + r * groups,
+                       groups, bp != nullptr ? bp + p * kPanel : nullptr, op + r * n + p * kPanel, n, table);
+        r += rows;
+      }
+  });
+#else
+  (void)group;
+#endif
+  return out;
+}
 
 torch::Tensor pack_byte_panels(const torch::Tensor& weight) {
   TORCH_CHECK(weight.element_size() == 1 && weight.dim() == 2, "pack_byte_panels takes a 2-D one-byte weight");
@@ -195,4 +341,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("weight_only_linear", &weight_only_linear,
         "x [M, K] bf16 @ (packed codes)^T * scales (+ bias) -> [M, N] bf16; fp8: e4m3 codes, else int8",
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("bias") = py::none(), py::arg("fp8") = false);
+  m.def("pack_int4_panels", &pack_int4_panels, "[N, K] 4-bit codes -> [N / 32, K / 2, 32] uint8 panels");
+  m.def("int4_linear", &int4_linear,
+        "x [M, K] bf16 @ dequantized(packed, scales, offsets, group)^T (+ bias) -> [M, N] bf16", py::arg("x"),
+        py::arg("packed"), py::arg("scales"), py::arg("offsets"), py::arg("group"), py::arg("bias") = py::none());
 }

@@ -67,3 +67,44 @@ def test_linear_matches_a_float64_product(kind, rows, bias):
     torch.testing.assert_close(
         out.double(), expected, atol=1e-2 * expected.abs().max().item(), rtol=8e-3
     )
+
+
+def _int4(n, k, group, gen):
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(k // group, n, generator=gen) * 0.02 + 1e-3  # [groups, n]
+    zeros = torch.randint(0, 16, (k // group, n), generator=gen).float()
+    return codes, scales, zeros
+
+
+def test_int4_panels_hold_nibble_pairs():
+    codes = torch.randint(0, 16, (64, 6), dtype=torch.uint8)
+    packed = kernels.pack_int4_panels(codes)
+    assert packed.shape == (2, 3, 32)
+    assert int(packed[1, 2, 1]) == int(codes[33, 4]) | int(codes[33, 5]) << 4
+
+
+def test_every_nibble_decodes_exactly():
+    codes = torch.arange(16, dtype=torch.uint8).repeat(32, 16)  # [32, 256]
+    eye = torch.eye(256, dtype=torch.bfloat16)
+    ones, zeros = torch.ones(1, 32), torch.zeros(1, 32)  # one group, zero point 8
+    out = kernels.int4_linear(eye, kernels.pack_int4_panels(codes), ones, zeros, 256)
+    assert torch.equal(out, (codes.float() - 8).to(torch.bfloat16).T)
+
+
+@pytest.mark.parametrize("group", [32, 64, 200])
+@pytest.mark.parametrize("rows", [1, 7, 12, 13, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_linear_matches_a_float64_product(group, rows, bias):
+    gen = torch.Generator().manual_seed(rows + group)
+    codes, scales, zeros = _int4(64, 400 if group == 200 else 256, group, gen)
+    k = codes.shape[1]
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(64, generator=gen).to(torch.bfloat16) if bias else None
+    offsets = (scales * (zeros - 8)).contiguous()
+    out = kernels.int4_linear(x, kernels.pack_int4_panels(codes), scales, offsets, group, b)
+    g_idx = torch.arange(k) // group
+    dense = (codes.double() - zeros.double().T[:, g_idx]) * scales.double().T[:, g_idx]
+    expected = x.double() @ dense.T + (b.double() if bias else 0)
+    torch.testing.assert_close(
+        out.double(), expected, atol=1e-2 * expected.abs().max().item(), rtol=8e-3
+    )

@@ -14,6 +14,9 @@ and the layer keeps it in the form the kernel chosen for its shape reads:
 * `int8panel`: Pagoda's AVX512-BF16 weight-only linear (kernels/cpu/
   gemm_weight_only.cpp), for 8-bit symmetric per-row codes with bf16
   activations: the codes in the bf16 panel layout at a byte each;
+* `int4panel`: the same kernel file's 4-bit linear, for 4-bit codes in groups
+  that are runs of inputs (act-order ones once sorted) with bf16 activations:
+  nibbles in the panel layout, each group summed apart and scaled once;
 * `int8pack`: torch's `_weight_int8pack_mm` (int8 [out, in] x per-output scale),
   for 8-bit codes with one group per row and the zero at 128 (symmetric);
 * `int4pack`: torch's `_weight_int4pack_mm_for_cpu` (its own packed layout,
@@ -107,13 +110,15 @@ def choose_kernel(
     device: torch.device,
     act_dtype: torch.dtype,
 ) -> str:
-    """`int8panel`, `int8pack`, `int4pack` or `dequant` for codes of this shape
+    """`int8panel`, `int8pack`, `int4panel`, `int4pack` or `dequant` for codes of this shape
     (group_size 0: groups not contiguous). The weight-only kernels are CPU ones."""
     out_features = shape[0]
     if device.type != "cpu" or not env.cpu_quantized_kernels():
         return "dequant"
     if bits == 8 and symmetric_per_row:
         return "int8panel" if byte_panels_fit(shape, act_dtype) else "int8pack"
+    if bits == 4 and group_size > 0 and group_size % 2 == 0 and byte_panels_fit(shape, act_dtype):
+        return "int4panel"
     fits_int4 = group_size > 0 and any(group_size % g == 0 for g in INT4_GROUP_SIZES)
     if bits == 4 and fits_int4 and out_features % 16 == 0:
         return "int4pack"
@@ -150,6 +155,19 @@ def set_int_weight(
             layer, drop, int_weight=weight, int_scales=scales[:, 0].to(scale_dtype).contiguous()
         )
         layer.input_perm = None
+        return
+    if kernel == "int4panel":
+        assert bits == 4 and group_size > 0
+        sorted_codes = codes if perm is None else codes[:, perm]
+        s = scales.to(torch.float32)
+        replace_params(
+            layer,
+            drop,
+            int_weight=load_weight_only_kernels().pack_int4_panels(sorted_codes.to(torch.uint8)),
+            int_scales=s.t().contiguous(),  # [groups, out]
+            int_offsets=(s * (zeros.to(torch.float32) - 8)).t().contiguous(),
+        )
+        layer.int_group_size, layer.input_perm = group_size, perm
         return
     if kernel == "int4pack":
         assert bits == 4 and group_size > 0
@@ -211,6 +229,11 @@ def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
     if kernel == "int8panel":
         out = load_weight_only_kernels().weight_only_linear(
             x2, layer.int_weight, layer.int_scales, bias
+        )
+        return out.view(*lead, out.shape[-1])
+    if kernel == "int4panel":
+        out = load_weight_only_kernels().int4_linear(
+            x2, layer.int_weight, layer.int_scales, layer.int_offsets, layer.int_group_size, bias
         )
         return out.view(*lead, out.shape[-1])
     if kernel == "int8pack":

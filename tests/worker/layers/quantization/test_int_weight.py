@@ -149,3 +149,23 @@ def test_byte_panel_kernel_matches_its_twin_in_bf16(method):
         )
     expected = torch.nn.functional.linear(x.float(), w, layer.bias.float())
     torch.testing.assert_close(layer(x).float(), expected, atol=0.03, rtol=0.01)
+
+
+@pytest.mark.parametrize(("groups", "act_order"), [(4, False), (8, True), (1, False)])
+def test_int4_panel_kernel_matches_its_twin_in_bf16(groups, act_order):
+    from kernels.cpu import load_weight_only_kernels
+
+    kernels = load_weight_only_kernels()
+    if kernels is None or not kernels.supported():
+        pytest.skip("the weight-only kernel needs AVX512-BF16")
+    codes, scales, zeros, g_idx = _codes(96, 256, 4, groups, act_order=act_order)
+    layer = _layer(codes, scales, zeros, g_idx, 4, torch.bfloat16)
+    assert layer.int_kernel == "int4panel" and layer.int_weight.shape == (3, 128, 32)
+    x = torch.randn(21, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    bias = torch.randn(96).to(torch.bfloat16)
+    w = dequantize(codes, scales, zeros, g_idx, torch.float32)
+    expected = torch.nn.functional.linear(x.float(), w, bias.float())
+    atol = 0.02 * expected.abs().max().item()
+    torch.testing.assert_close(
+        apply_int_weight(layer, x, bias).float(), expected, atol=atol, rtol=0.02
+    )
