@@ -63,3 +63,8 @@ def cpu_malloc_tuning() -> bool:
 
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+def rendezvous_timeout() -> float:
+    """Seconds a tensor-parallel rank waits for the others to join (default 120)."""
+    return float(os.environ.get("PAGODA_RENDEZVOUS_TIMEOUT", "120"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 from shared.block_hash import BlockHash, extend_block_hashes
 from shared.sampling_params import SamplingParams
@@ -55,7 +56,12 @@ class Request:
         arrival_time: float | None = None,
         block_size: int | None = None,
         cache_salt: bytes | None = None,
+        grammar: Any = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
+        """grammar: the compiled grammar of sampling_params.structured_outputs.
+        output_token_ids: tokens a failed worker generated already (a resumed
+        request); they count as this request's own outputs."""
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -63,14 +69,15 @@ class Request:
         self.priority = priority
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.all_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.output_token_ids: list[int] = list(output_token_ids or ())
+        self.all_token_ids = list(prompt_token_ids) + self.output_token_ids
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set when first scheduled
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         self.cache_salt = cache_salt
+        self.grammar = grammar
         self._block_size = block_size
         self.block_hashes: list[BlockHash] = []
         self._update_block_hashes()
@@ -98,11 +105,15 @@ class Request:
         self.all_token_ids.append(token_id)
         self._update_block_hashes()
 
-    def check_stop(self) -> bool:
-        """After a token was appended: decide whether the request is done."""
+    def check_stop(self, grammar_ended: bool = False) -> bool:
+        """After a token was appended: decide whether the request is done.
+        grammar_ended: its grammar accepts nothing more (e.g. under ignore_eos)."""
         params = self.sampling_params
         num_out = len(self.output_token_ids)
         last = self.output_token_ids[-1]
+        if grammar_ended:
+            self.status = RequestStatus.FINISHED_STOPPED
+            return True
         if num_out >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:
                 self.status = RequestStatus.FINISHED_STOPPED

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.quantized_checkpoints import write_quantized_checkpoint
+from shared.errors import ConfigError
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 
@@ -60,3 +61,65 @@ def test_greedy_matches_hf_on_dequantized_weights(quantized, hf_greedy):
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     got = [o.outputs[0].token_ids for o in outputs]
     assert got == hf_greedy(dequantized_dir, prompts, MAX_TOKENS)
+
+
+# Each TP=2 case starts two rank processes: the default suite runs one checkpoint
+# format and one quantized at load (the row-gathering path); the rest under -m slow.
+TP2_CASES = [
+    "gptq-4bit-actorder-asym",
+    "int4-at-load",
+    *(
+        pytest.param(case, marks=pytest.mark.slow)
+        for case in ("awq-g32", "fp8-block", "int8-at-load", "fp8-at-load")
+    ),
+]
+
+
+@pytest.mark.parametrize("case", TP2_CASES)
+def test_tensor_parallel_greedy_matches_hf(case, make_checkpoint, tmp_path_factory, hf_greedy):
+    """Quantized layers shard like the dense ones: at TP=2 each rank loads and
+    repacks its slice (act-order groups included) and the output is unchanged."""
+    arch, fmt, options = CASES[case]
+    out = tmp_path_factory.mktemp(f"tp2-{case}")
+    quantized_dir, dequantized_dir = write_quantized_checkpoint(
+        make_checkpoint(arch), out, fmt, **options
+    )
+    at_load = {"int8": "int8", "int4": "int4", "fp8-at-load": "fp8"}.get(fmt)
+    _check_tp2(quantized_dir, dequantized_dir, at_load, hf_greedy)
+
+
+def _check_tp2(quantized_dir, dequantized_dir, at_load, hf_greedy):
+    prompts = random_prompts(LENGTHS, seed=6)
+    llm = LLM(str(quantized_dir), quantization=at_load, tensor_parallel_size=2, **ENGINE)
+    try:
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    finally:
+        llm.shutdown()
+    got = [o.outputs[0].token_ids for o in outputs]
+    assert got == hf_greedy(dequantized_dir, prompts, MAX_TOKENS)
+
+
+# NF4 blocks of 64 run along rows: 128 inputs (64 per rank) split into whole blocks.
+NF4_TP2_SHAPE = dict(hidden_size=128, num_attention_heads=8)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_nf4_matches_hf(make_checkpoint, tmp_path_factory, hf_greedy):
+    pytest.importorskip("bitsandbytes", reason="the bitsandbytes extra is not installed")
+    out = tmp_path_factory.mktemp("tp2-nf4")
+    quantized_dir, dequantized_dir = write_quantized_checkpoint(
+        make_checkpoint("qwen2", **NF4_TP2_SHAPE), out, "bitsandbytes"
+    )
+    _check_tp2(quantized_dir, dequantized_dir, "bitsandbytes", hf_greedy)
+
+
+def test_tensor_parallel_nf4_refuses_rows_that_split_a_block(make_checkpoint):
+    pytest.importorskip("bitsandbytes", reason="the bitsandbytes extra is not installed")
+    # o_proj: 64 inputs, 32 per rank, half of an NF4 block.
+    with pytest.raises(ConfigError, match=r"self_attn\.o_proj has 32 of its 64 inputs per rank"):
+        LLM(
+            str(make_checkpoint("qwen2")),
+            quantization="bitsandbytes",
+            tensor_parallel_size=2,
+            **ENGINE,
+        )

@@ -17,15 +17,18 @@ from worker.layers.quantization import (
     QuantizationConfig,
     UnquantizedLinearMethod,
 )
+from worker.models.checkpoint_slice import materialize
 
 
 def _narrow(loaded: torch.Tensor, dim: int | None, start: int, size: int) -> torch.Tensor:
-    return loaded if dim is None else loaded.narrow(dim, start, size)
+    # `loaded` may be a CheckpointSlice: narrow() reads only this rank's part.
+    return materialize(loaded) if dim is None else loaded.narrow(dim, start, size)
 
 
 def _load_replicated(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int) -> None:
     """A parameter the fused parts share whole (GPTQ's g_idx): the first part
     loaded writes it, the others must agree."""
+    loaded = materialize(loaded)
     if not getattr(param, "is_loaded", False):
         param.data.copy_(loaded)
         param.is_loaded = True
@@ -88,7 +91,7 @@ class LinearBase(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        param.data.copy_(loaded)
+        param.data.copy_(materialize(loaded))
 
     def process_weights_after_loading(self) -> None:
         self.quant_method.process_weights_after_loading(self)

@@ -83,10 +83,12 @@ class ModelSpec:
             quantization_config=cfg.get("quantization_config"),
         )
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """K and V of one token over all layers."""
+    def kv_bytes_per_token(self, dtype: torch.dtype, tp_size: int = 1) -> int:
+        """K and V of one token over all layers, in one of `tp_size` ranks' caches
+        (a rank holds num_kv_heads / tp_size heads, or one replicated head)."""
         element = torch.tensor([], dtype=dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        kv_heads = max(1, self.num_kv_heads // tp_size)
+        return 2 * self.num_layers * kv_heads * self.head_dim * element
 
 
 def _rope_spec(cfg: dict[str, Any]) -> RopeSpec:

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from shared.errors import ConfigError
+from worker.distributed import tp_all_gather
+from worker.models.checkpoint_slice import materialize
 
 
 class LinearMethodBase(ABC):
@@ -111,7 +113,8 @@ def make_per_shard_param(layer: nn.Module, name: str, num_shards: int) -> nn.Par
     param = make_param(layer, name, torch.zeros(num_shards, dtype=torch.float32))
 
     def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        param.data[shard_index(shard_id)] = loaded.reshape(()).to(torch.float32)
+        # materialize: under tensor parallelism `loaded` is an unread CheckpointSlice.
+        param.data[shard_index(shard_id)] = materialize(loaded).reshape(()).to(torch.float32)
 
     param.weight_loader = load
     return param
@@ -171,3 +174,19 @@ def is_layer_skipped(
             "the engine needs all or none of them converted"
         )
     return all(parts)
+
+
+def whole_input_rows(layer: nn.Module) -> tuple[torch.Tensor, slice | None]:
+    """The layer's dense weight [out, in] over every input feature, and which of
+    those columns this rank keeps (None: all of them).
+
+    Quantizing at load takes statistics over whole rows (a row's max, a group of
+    128 inputs); a row-parallel rank holds only its slice of the inputs, so it
+    gathers the rows (one layer at a time, at load) and quantizes exactly as
+    tensor-parallel size 1 does, then keeps its own columns.
+    """
+    weight = layer.weight.data
+    if layer.input_size_per_partition == layer.input_size:
+        return weight, None
+    start = layer.tp_rank * layer.input_size_per_partition
+    return tp_all_gather(weight, dim=1), slice(start, start + layer.input_size_per_partition)

@@ -61,6 +61,18 @@ class BitsAndBytesConfig(QuantizationConfig):
 class BitsAndBytesNF4Method(UnquantizedLinearMethod):
     def process_weights_after_loading(self, layer):
         bnb = _bnb()
+        per_rank = layer.input_size_per_partition
+        if per_rank != layer.input_size and (
+            per_rank % BLOCK_SIZE or layer.input_size % BLOCK_SIZE
+        ):
+            # NF4 blocks run along each row: a rank's column slice quantizes as the
+            # whole matrix does only when the blocks fall within it.
+            raise ConfigError(
+                f"--quantization bitsandbytes at tensor-parallel size {layer.tp_size}: "
+                f"{layer.prefix} has {per_rank} of its {layer.input_size} inputs per rank, "
+                f"and NF4's blocks of {BLOCK_SIZE} need a multiple of {BLOCK_SIZE} in both; "
+                "use a tensor-parallel size that divides the rows so, or another method"
+            )
         packed, state = bnb.functional.quantize_4bit(
             layer.weight.data, blocksize=BLOCK_SIZE, quant_type="nf4"
         )

@@ -20,6 +20,7 @@ from worker.layers.quantization.base import (
     make_ignored_param,
     make_param,
     make_per_shard_param,
+    whole_input_rows,
 )
 from worker.layers.quantization.fp8_weight import (
     FP8,
@@ -132,8 +133,12 @@ class Fp8LinearMethod(LinearMethodBase):
 
 class Fp8AtLoadMethod(UnquantizedLinearMethod):
     def process_weights_after_loading(self, layer):
-        weight, scales = quantize_fp8_rows(layer.weight.data)
-        set_fp8_weight(layer, ["weight"], weight, scales, layer.weight.dtype)
+        dtype = layer.weight.dtype
+        weight, columns = whole_input_rows(layer)
+        weight, scales = quantize_fp8_rows(weight)  # a scale per whole row
+        if columns is not None:
+            weight = weight[:, columns]
+        set_fp8_weight(layer, ["weight"], weight, scales, dtype)
 
     def apply(self, layer, x, bias):
         return apply_fp8_weight(layer, x, bias)

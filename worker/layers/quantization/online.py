@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.layers.quantization.base import QuantizationConfig
+from worker.layers.quantization.base import QuantizationConfig, whole_input_rows
 from worker.layers.quantization.int_weight import apply_int_weight, set_int_weight
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
@@ -52,10 +52,14 @@ class _QuantizeAtLoad(UnquantizedLinearMethod):
     bits: int
 
     def process_weights_after_loading(self, layer):
-        weight = layer.weight.data
+        weight, columns = whole_input_rows(layer)
         codes, scales, zeros = self.quantize(weight)
         group = weight.shape[1] // scales.shape[1]
         g_idx = torch.arange(weight.shape[1], device=weight.device) // group
+        if columns is not None:  # this rank's inputs, and the groups they fall in
+            codes, g_idx = codes[:, columns], g_idx[columns]
+            first, last = int(g_idx[0]), int(g_idx[-1]) + 1
+            scales, zeros, g_idx = scales[:, first:last], zeros[:, first:last], g_idx - first
         set_int_weight(layer, ["weight"], codes, scales, zeros, g_idx, self.bits, weight.dtype)
 
     def apply(self, layer, x, bias):
