@@ -108,5 +108,12 @@ class GrammarCompiler:
             reason = _LOG_PREFIX.sub("", str(exc).strip())
             raise InvalidRequestError(f"{FIELD}.{kind}", f"does not compile: {reason}") from None
 
+    def clear_cache(self) -> None:
+        """Forget every compiled grammar (ours and xgrammar's own)."""
+        with self._lock:
+            self._cache.clear()
+            if self._xgr_compiler is not None:
+                self._xgr_compiler.clear_cache()
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
