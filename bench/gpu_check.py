@@ -99,12 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         results,
     )
-    for eager in (False, True):
-        record, _ = run(
-            model, make_workload("mixed", vocab_size=QWEN25_05B_SHAPE["vocab_size"]), eager
-        )
-        emit({"kind": "mixed", **record}, results)
-    for batch in (1, 16, 64):
+    # The figures the check is judged by first, in case the time limit cuts the run.
+    for batch in (64, 1, 16):
         for eager in (False, True):
             record, llm = run(model, decode_workload(batch), eager, max_num_seqs=batch)
             spec = llm.engine.spec
@@ -127,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             del llm
             torch.cuda.empty_cache()
+    for eager in (False, True):
+        record, _ = run(
+            model, make_workload("mixed", vocab_size=QWEN25_05B_SHAPE["vocab_size"]), eager
+        )
+        emit({"kind": "mixed", **record}, results)
     return 0
 
 

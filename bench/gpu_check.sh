@@ -6,7 +6,8 @@
 # safetensors, transformers, pytest (+ pytest-timeout): the packages of
 # pyproject.toml's dependencies that the engine imports; wheel files placed in
 # ./wheels/ beside the tree are installed first, without the network.
-# No network is used. Finishes in about 8 minutes on an H200.
+# No network is used. Finishes within 8 minutes: the tests are cut at 3 minutes and
+# the benchmarks at 4.5 (whatever they wrote by then stays in RESULTS_DIR).
 set -euo pipefail
 out=${1:?usage: bench/gpu_check.sh RESULTS_DIR}
 mkdir -p "$out"
@@ -22,10 +23,10 @@ print("torch", torch.__version__, "triton", triton.__version__)
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
 PY
 echo "== gpu tests" | tee "$out/gpu_tests.txt"
-timeout 300 python -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+timeout 180 python -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
     tests/kernels tests/worker/test_exactness_triton.py 2>&1 | tee -a "$out/gpu_tests.txt" || true
 echo "== benchmarks"
-timeout 420 python -m bench.gpu_check --out "$out" 2>&1 | tee "$out/gpu_check.log"
+timeout 270 python -m bench.gpu_check --out "$out" 2>&1 | tee "$out/gpu_check.log" || true
 python - "$out/gpu_check.jsonl" <<'PY' | tee "$out/summary.txt"
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
