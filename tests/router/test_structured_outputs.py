@@ -118,3 +118,26 @@ def test_bad_constraints_are_400_naming_the_problem(served, extra, field, reason
         )
     message = info.value.body["message"]
     assert message.startswith(f"{field}: ") and reason in message, message
+
+
+SLOW_CASES = {
+    "json_schema": ({"response_format": SCHEMA_FORMAT},
+                    lambda t: jsonschema.validate(json.loads(t), PERSON) is None),
+    "regex": ({"structured_outputs": {"regex": REGEX}}, lambda t: re.fullmatch(REGEX, t)),
+    "choice": ({"structured_outputs": {"choice": list(CHOICES)}}, lambda t: t in CHOICES),
+    "grammar": ({"structured_outputs": {"grammar": GRAMMAR}},
+                lambda t: re.fullmatch(r"\((\d\+)*\d\)", t)),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SLOW_CASES))
+def test_fifty_seeded_samples_validate_streamed_and_not(served, case):
+    extra, check = SLOW_CASES[case]
+    client = served.client()
+    whole = chat(client, n=50, seed=21, max_tokens=120, extra_body=extra)
+    texts = [c.message.content for c in whole.choices]
+    for choice, text in zip(whole.choices, texts):
+        assert choice.finish_reason == "stop"
+        assert check(text), text
+    assert streamed_texts(client, n=50, seed=21, max_tokens=120, extra_body=extra) == texts

@@ -255,7 +255,7 @@ class ModelRunner:
         constrained = [i for i, s in enumerate(states) if s.grammar is not None]
         if constrained:  # before any sampling path, greedy argmax included
             bitmask = fill_bitmask([states[i].grammar for i in constrained], logits.shape[1])
-            apply_bitmask(logits, bitmask.to(logits.device), constrained)
+            logits = apply_bitmask(logits, bitmask.to(logits.device), constrained)
         sampled = self.sampler(logits, meta)
         # The step's one copy back: token ids (and logprobs) in one float64 block.
         columns = [sampled.token_ids.unsqueeze(1)]
