@@ -25,6 +25,7 @@ from typing import Any
 
 from shared.errors import InvalidRequestError
 from shared.structured_outputs import FIELD, StructuredOutputsParams
+from worker.structured.schema_check import check_enforceable
 
 MAX_CACHED_GRAMMARS = 256
 NUM_COMPILE_THREADS = 2
@@ -92,6 +93,8 @@ class GrammarCompiler:
     def _compile(self, constraint: StructuredOutputsParams) -> Any:
         compiler = self._compiler()
         kind = constraint.kind
+        if kind == "json":
+            check_enforceable(constraint.json)
         try:
             if kind == "json":
                 # Compact separators (", " and ": ", as json.dumps): with any whitespace
