@@ -23,12 +23,12 @@ SCHEMA_FORMAT = {
 }
 
 
-def chat(client, n=6, seed=11, **kwargs):
+def chat(client, n=4, seed=11, **kwargs):
     params = dict(model=MODEL, messages=MESSAGES, n=n, seed=seed, temperature=1.0, max_tokens=100)
     return client.chat.completions.create(**(params | kwargs))
 
 
-def streamed_texts(client, n=6, seed=11, **kwargs) -> list[str]:
+def streamed_texts(client, n=4, seed=11, **kwargs) -> list[str]:
     texts = [""] * n
     for chunk in chat(client, n=n, seed=seed, stream=True, **kwargs):
         for choice in chunk.choices:
@@ -91,7 +91,7 @@ def test_openai_parse_helper_with_a_pydantic_model(served):
 def test_vllm_constraint_fields(served, extra, check):
     client = served.client()
     out = client.completions.create(
-        model=MODEL, prompt="Answer:", n=4, seed=8, temperature=1.0, max_tokens=100,
+        model=MODEL, prompt="Answer:", n=3, seed=8, temperature=1.0, max_tokens=100,
         extra_body=extra,
     )  # fmt: skip
     for choice in out.choices:
