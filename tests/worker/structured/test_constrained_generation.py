@@ -90,3 +90,11 @@ def test_preempted_requests_still_validate(make_checkpoint):
     assert llm.engine.core.scheduler.num_preemptions > 0
     for out in outs:
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
+
+
+def test_a_grammar_that_ends_before_min_tokens_ends_the_answer(llm):
+    # min_tokens bans EOS, the finished grammar allows nothing else: the grammar wins.
+    for completion in sample(llm, StructuredOutputsParams(choice=CHOICES), min_tokens=30):
+        assert completion.finish_reason == "stop"
+        assert completion.text in CHOICES
+        assert completion.token_ids[-1] == 2  # the EOS the grammar ended with
