@@ -14,6 +14,8 @@ from shared.errors import ConfigError
 from shared.registry import DEFAULT_PREFIX
 
 ROUTING_POLICIES = ("affinity", "load")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # router/tools/parsers.py
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # router/text/reasoning.py
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50050
 # How long a routing choice counts as "this worker holds the prefix". With Redis
@@ -74,6 +76,25 @@ class RouterConfig:
             "help": "Chat template: a Jinja file or the template itself (default: the tokenizer's)."
         },
     )
+    enable_auto_tool_choice: bool = field(
+        default=False,
+        metadata={"help": 'Allow tool_choice "auto": parse the model\'s own tool calls.'},
+    )
+    tool_call_parser: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the model writes tool calls: hermes (Qwen2.5, Qwen3), llama3_json, "
+            "mistral.",
+            "choices": TOOL_CALL_PARSERS,
+        },
+    )
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split <think>...</think> into reasoning_content: qwen3, deepseek_r1.",
+            "choices": REASONING_PARSERS,
+        },
+    )
     api_key: str | None = field(
         default_factory=env.api_key,
         metadata={"help": "Key clients must send as a Bearer token (default: $PAGODA_API_KEY)."},
@@ -129,6 +150,24 @@ class RouterConfig:
     discovery_interval: float = field(
         default=1.0, metadata={"help": "Seconds between reads of the Redis worker registry."}
     )
+    worker_metrics_url: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "[NAME=]URL of a worker's metrics whose series GET /metrics includes, "
+            "labelled worker=NAME (default: the URL's host:port); repeatable; pagoda serve "
+            "sets them for its workers."
+        },
+    )
+    enable_request_id_headers: bool = field(
+        default=False,
+        metadata={
+            "help": "Answer with the request's X-Request-Id header (the client's, or the id "
+            "the router gave it); the client's is used for response ids either way."
+        },
+    )
+    disable_log_requests: bool = field(
+        default=False, metadata={"help": "No access log line per HTTP request."}
+    )
     shutdown_timeout: float = field(
         default=30.0, metadata={"help": "Seconds open requests get to finish on shutdown."}
     )
@@ -177,6 +216,14 @@ class RouterConfig:
         for name in ("max_request_body_bytes", "max_prompt_chars", "max_tokens_per_request"):
             _positive(name, getattr(self, name))
         _positive("tokenizer_threads", self.tokenizer_threads)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice needs a --tool-call-parser")
+        for flag, value, names in (
+            ("tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSERS),
+            ("reasoning-parser", self.reasoning_parser, REASONING_PARSERS),
+        ):
+            if value is not None and value not in names:
+                raise ConfigError(f"--{flag} must be one of {', '.join(names)}, got {value!r}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if not self.redis_prefix:

@@ -40,9 +40,11 @@ class ModelContext:
         chat_template: ChatTemplate | None,
         num_threads: int,
         default_sampling_params: sampling_pb2.SamplingParams | None = None,
+        root: str | None = None,
         request_limits: RequestLimits | None = None,
     ) -> None:
         self.name = name
+        self.root = root or name  # the checkpoint the workers loaded
         self.limits = limits
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -80,7 +82,8 @@ class ModelContext:
             template,
             config.tokenizer_threads,
             info.default_sampling_params,
-            request_limits,
+            request_limits=request_limits,
+            root=info.model,
         )
 
     def close(self) -> None:
@@ -100,6 +103,8 @@ class ModelContext:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         add_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[int]]:
         """The conversation as prompt text and token ids."""
         if self.chat_template is None:
@@ -112,7 +117,7 @@ class ModelContext:
         self.request_limits.check_prompt_chars(_content_chars(messages), "messages")
 
         def render() -> tuple[str, list[int]]:
-            text = template.render(messages, add_generation_prompt)
+            text = template.render(messages, add_generation_prompt, tools, template_kwargs)
             # The template wrote the special tokens (BOS, turn markers) itself, so the
             # tokenizer adds its own only when asked (vLLM's add_special_tokens).
             return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -33,7 +33,7 @@ from router.routing.redis_store import RedisStore
 from router.routing.store import AffinityStore, LocalStore
 from router.routing.worker_pool import WorkerPool
 from router.state import RouterState
-from shared.errors import UnavailableError
+from shared.errors import ConfigError, UnavailableError
 from shared.logging import get_logger
 from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
@@ -104,7 +104,9 @@ class RouterServer:
         self._http = _Uvicorn(uvicorn_config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
 
-        server = grpc.aio.server()
+        # gRPC's port reuse is on by default: a second router on a port in use would
+        # start cleanly and split the clients between two deployments.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_RouterServiceServicer_to_server(RouterServicer(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -113,7 +115,13 @@ class RouterServer:
         host = (
             self.config.host if ":" not in self.config.host else f"[{self.config.host.strip('[]')}]"
         )
-        self.grpc_port = server.add_insecure_port(f"{host}:{self.config.grpc_port}")
+        try:
+            self.grpc_port = server.add_insecure_port(f"{host}:{self.config.grpc_port}")
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"cannot listen for gRPC on {host}:{self.config.grpc_port} (is the port in "
+                f"use? --grpc-port 0 takes any free one): {exc}"
+            ) from exc
         await server.start()
         self._grpc = server
         while not self._http.started:
@@ -130,6 +138,10 @@ class RouterServer:
             if self.config.redis_url
             else f"static workers {', '.join(self.config.worker)} (in-process affinity store)",
         )
+
+    def is_serving(self) -> bool:
+        """The model is known and at least one worker of it is SERVING."""
+        return self.state.model is not None and bool(self.pool.serving())
 
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidRequestError
+from shared.structured_outputs import StructuredOutputsParams
 
 # Below this, temperature means greedy (argmax), as in vLLM.
 GREEDY_TEMPERATURE = 1e-5
@@ -61,6 +62,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidRequestError:

@@ -13,6 +13,7 @@ from typing import Any
 from shared.errors import InvalidRequestError
 from shared.proto.pagoda.v1 import sampling_pb2 as pb
 from shared.sampling_params import SamplingParams
+from shared.structured_outputs import StructuredOutputsParams
 
 # Applied by the router; text never crosses the router-worker wire.
 ROUTER_FIELDS = (
@@ -63,7 +64,33 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         kwargs["allowed_token_ids"] = tuple(msg.allowed_token_ids)
     if msg.bad_words_token_ids:
         kwargs["bad_words_token_ids"] = tuple(tuple(w.ids) for w in msg.bad_words_token_ids)
+    if msg.HasField("structured_outputs"):
+        kwargs["structured_outputs"] = structured_from_proto(msg.structured_outputs)
     return SamplingParams(**kwargs)  # validates itself, naming the field
+
+
+def structured_from_proto(msg: pb.StructuredOutputs) -> StructuredOutputsParams:
+    kind = msg.WhichOneof("constraint")
+    if kind is None:
+        raise InvalidRequestError("structured_outputs", "is set but holds no constraint")
+    if kind == "choice":
+        return StructuredOutputsParams(choice=tuple(msg.choice.choices))
+    if kind == "json_object":
+        if not msg.json_object:
+            raise InvalidRequestError("structured_outputs.json_object", "must be true when set")
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(**{kind: getattr(msg, kind)})
+
+
+def structured_to_proto(params: StructuredOutputsParams) -> pb.StructuredOutputs:
+    msg = pb.StructuredOutputs()
+    if params.choice is not None:
+        msg.choice.choices.extend(params.choice)
+    elif params.json_object:
+        msg.json_object = True
+    else:
+        setattr(msg, params.kind, getattr(params, params.kind))
+    return msg
 
 
 def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
@@ -81,6 +108,8 @@ def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
     msg.allowed_token_ids.extend(params.allowed_token_ids or ())
     for word in params.bad_words_token_ids:
         msg.bad_words_token_ids.add(ids=word)
+    if params.structured_outputs is not None:
+        msg.structured_outputs.CopyFrom(structured_to_proto(params.structured_outputs))
     return msg
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 from shared.block_hash import BlockHash, extend_block_hashes
 from shared.sampling_params import SamplingParams
@@ -55,9 +56,11 @@ class Request:
         arrival_time: float | None = None,
         block_size: int | None = None,
         cache_salt: bytes | None = None,
+        grammar: Any = None,
         output_token_ids: list[int] | None = None,
     ) -> None:
-        """output_token_ids: tokens a failed worker generated already (a resumed
+        """grammar: the compiled grammar of sampling_params.structured_outputs.
+        output_token_ids: tokens a failed worker generated already (a resumed
         request); they count as this request's own outputs."""
         self.request_id = request_id
         self.sampling_params = sampling_params
@@ -74,6 +77,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         self.cache_salt = cache_salt
+        self.grammar = grammar
         self._block_size = block_size
         self.block_hashes: list[BlockHash] = []
         self._update_block_hashes()
@@ -101,11 +105,15 @@ class Request:
         self.all_token_ids.append(token_id)
         self._update_block_hashes()
 
-    def check_stop(self) -> bool:
-        """After a token was appended: decide whether the request is done."""
+    def check_stop(self, grammar_ended: bool = False) -> bool:
+        """After a token was appended: decide whether the request is done.
+        grammar_ended: its grammar accepts nothing more (e.g. under ignore_eos)."""
         params = self.sampling_params
         num_out = len(self.output_token_ids)
         last = self.output_token_ids[-1]
+        if grammar_ended:
+            self.status = RequestStatus.FINISHED_STOPPED
+            return True
         if num_out >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:
                 self.status = RequestStatus.FINISHED_STOPPED

@@ -59,14 +59,16 @@ class SamplingFields(_Body):
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False
-    # Declared only to be refused when set (see the module doc).
-    best_of: int | None = None
-    logits_processors: Any = None
+    # Output constraints (router/openai/structured_outputs.py); at most one.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    structured_outputs: Any = None
+    # Declared only to be refused when set (see the module doc).
+    best_of: int | None = None
+    logits_processors: Any = None
     use_beam_search: bool = False
 
     def stop_list(self) -> list[str]:
@@ -116,7 +118,6 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
     # Checked: only the values that change nothing are accepted.
-    response_format: dict[str, Any] | None = None
     tool_choice: Any = None
     modalities: list[str] | None = None
     # Declared only to be refused when set.

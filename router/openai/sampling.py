@@ -11,32 +11,26 @@ from typing import Any
 
 from router.errors import UnsupportedFieldError
 from router.openai.protocol import SamplingFields
+from router.openai.structured_outputs import structured_outputs
 from shared.errors import InvalidRequestError
 from shared.proto.pagoda.v1 import sampling_pb2 as pb
+from shared.sampling_proto import structured_to_proto
+from shared.structured_outputs import StructuredOutputsParams
 
 # Fields declared only to be refused, with the values that change nothing.
 _HARMLESS: dict[str, tuple[Any, ...]] = {
     "logits_processors": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
-    "structured_outputs": (None,),
     "use_beam_search": (False,),
     "suffix": (None, ""),
-    "tools": (None, []),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "tool_choice": (None, "none"),
     "audio": (None,),
     "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
     "continue_final_message": (False,),
     "chat_template": (None,),
-    "chat_template_kwargs": (None, {}),
     "documents": (None,),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
 }
 # Set on the message only when the client set them (None = unset).
@@ -78,9 +72,21 @@ def request_message(
     max_tokens: int | None,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    tool_constraint: StructuredOutputsParams | None = None,
 ) -> pb.SamplingParams:
-    """The request's sampling fields as the message both fronts validate."""
+    """The request's sampling fields as the message both fronts validate.
+    tool_constraint: what tool_choice required or named demands (router/tools/)."""
     msg = pb.SamplingParams()
+    constraint = structured_outputs(request)
+    if tool_constraint is not None:
+        if constraint is not None:
+            raise InvalidRequestError(
+                "tool_choice", "constrains the output to a tool call: drop response_format "
+                "and the other output constraints, or set tool_choice to auto or none",
+            )  # fmt: skip
+        constraint = tool_constraint
+    if constraint is not None:
+        msg.structured_outputs.CopyFrom(structured_to_proto(constraint))
     values: dict[str, Any] = {name: getattr(request, name) for name in _ALWAYS}
     values.update(
         (name, getattr(request, name)) for name in _OPTIONAL if getattr(request, name) is not None

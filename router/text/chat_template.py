@@ -52,14 +52,24 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The prompt text. The template writes the special tokens itself (BOS and the
-        turn markers), so it is tokenized without adding any."""
+        turn markers), so it is tokenized without adding any. `tools` and the request's
+        chat_template_kwargs (e.g. Qwen3's enable_thinking) reach it as in
+        `apply_chat_template(tools=..., **kwargs)`."""
         try:
             return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
                 **self._special_tokens,
+                **(template_kwargs or {}),
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
             )
         except jinja2.exceptions.TemplateError as exc:
             # The template refusing a conversation (e.g. roles that do not alternate).

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import grpc
+import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -10,6 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from shared.proto.pagoda.v1 import router_pb2 as pb
 from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
 from tests.router.conftest import API_KEY, MODEL
+from tests.worker.structured.schemas import PERSON, REGEX
 
 AUTH = (("authorization", f"Bearer {API_KEY}"),)
 PROMPT = "Emoji need four bytes: 🚀🐍"
@@ -104,3 +109,30 @@ def test_list_models_health_and_reflection(channel):
     )
     names = {s.name for a in answers for s in a.list_services_response.service}
     assert "pagoda.v1.RouterService" in names and "grpc.health.v1.Health" in names
+
+
+def test_complete_and_chat_take_structured_outputs(channel):
+    stub = pb_grpc.RouterServiceStub(channel)
+    schema = pb.StructuredOutputs(json=json.dumps(PERSON))
+    params = pb.SamplingParams(
+        n=3, seed=2, temperature=1.0, max_tokens=100, structured_outputs=schema
+    )
+    chat = pb.ChatRequest(
+        model=MODEL, messages=[pb.ChatMessage(role="user", content="hi")], sampling_params=params
+    )
+    texts, _, finish, _ = collect(stub.Chat(chat, metadata=AUTH, timeout=60))
+    for index in range(3):
+        assert finish[index] == pb.FINISH_REASON_STOP
+        jsonschema.validate(json.loads(texts[index]), PERSON)
+    regex = pb.SamplingParams(
+        temperature=1.0, seed=1, max_tokens=30, structured_outputs=pb.StructuredOutputs(regex=REGEX)
+    )
+    request = pb.CompleteRequest(model=MODEL, text=PROMPT, sampling_params=regex)
+    texts, *_ = collect(stub.Complete(request, metadata=AUTH, timeout=60))
+    assert re.fullmatch(REGEX, texts[0]), texts[0]
+    bad = pb.SamplingParams(structured_outputs=pb.StructuredOutputs(regex="a(b"))
+    with pytest.raises(grpc.RpcError) as info:
+        collect(stub.Complete(pb.CompleteRequest(model=MODEL, text=PROMPT, sampling_params=bad),
+                              metadata=AUTH, timeout=60))  # fmt: skip
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("structured_outputs.regex: does not compile")

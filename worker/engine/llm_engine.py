@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from shared.errors import ConfigError, InvalidRequestError
 from shared.sampling_params import SamplingParams
@@ -16,6 +17,7 @@ from worker.config import EngineConfig
 from worker.engine.engine_core import EngineCore, EngineStepOutput
 from worker.models.generation_config import load_sampling_defaults
 from worker.request import Request
+from worker.structured.compiler import GrammarCompiler
 
 
 class LLMEngine:
@@ -38,6 +40,10 @@ class LLMEngine:
                 f"the model's generation_config.json recommends an invalid value ({exc}); "
                 "start with --generation-config vllm to ignore it"
             ) from None
+        # Compiles structured_outputs constraints (worker/structured/), in its own threads.
+        self.grammars = GrammarCompiler(
+            self.config.model.tokenizer or self.spec.path, self.vocab_size, self.spec.eos_token_ids
+        )
         self._children: dict[str, list[str]] = {}
         self._parent_of: dict[str, tuple[str, int]] = {}
 
@@ -128,13 +134,18 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: bytes | None = None,
         arrival_time: float | None = None,
+        grammar: Any = None,
         output_token_ids: Sequence[int] = (),
     ) -> None:
+        """grammar: params.structured_outputs compiled (`self.grammars`); compiled here,
+        blocking, when not given."""
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         prompt = [int(t) for t in prompt_token_ids]
         outputs = [int(t) for t in output_token_ids]
         max_tokens = self.validate(prompt, params, priority, outputs)
+        if params.structured_outputs is not None and grammar is None:
+            grammar = self.grammars.compile(params.structured_outputs)
         cache = self.config.cache
         child_ids = (
             [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
@@ -154,6 +165,7 @@ class LLMEngine:
                 arrival_time=arrival_time,
                 block_size=cache.block_size if cache.enable_prefix_caching else None,
                 cache_salt=cache_salt,
+                grammar=grammar,
                 output_token_ids=outputs,
             )
             self._parent_of[child_id] = (request_id, index)
@@ -168,6 +180,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank processes, if any; safe to call twice."""
+        self.core.shutdown()
 
     def step(self) -> EngineStepOutput:
         """One engine step; deltas come back under the parent id with their sample index."""

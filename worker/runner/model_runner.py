@@ -17,6 +17,7 @@ from worker.attention.forward_context import forward_context
 from worker.attention.metadata import BatchLayout
 from worker.config import EngineConfig
 from worker.layers.attention import Attention
+from worker.layers.quantization import resolve_quantization
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
@@ -28,6 +29,8 @@ from worker.runner.staging import StepStaging
 from worker.runner.step_inputs import StepInputs, build_step_inputs
 from worker.sample.sampler import Sampler, SamplingMetadata
 from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from worker.structured.bitmask import apply_bitmask, fill_bitmask
+from worker.structured.grammar_state import GrammarState
 
 logger = get_logger(__name__)
 
@@ -47,7 +50,9 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.cache.block_size
         max_position = max(max_model_len, spec.max_position_embeddings)
-        self.model = build_model(spec, dtype, device, max_position)
+        # Resolved before anything loads: an unservable format fails at start.
+        quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
+        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.backend = get_attention_backend(config.device.attention_backend, device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
@@ -172,11 +177,18 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 generator=None if seed is None else torch.Generator(self.device).manual_seed(seed),
+                grammar=None if new.grammar is None else GrammarState(new.grammar),
             )
+            state = self.requests[new.req_id]
+            if state.grammar is not None and new.output_token_ids:
+                # Resumed from a failed worker: its matcher walks the tokens made there.
+                state.grammar.rebuild(state.output_token_ids)
         for cached in output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.resumed_from_preemption:
                 state.block_ids = list(cached.new_block_ids)
+                if state.grammar is not None:  # recomputed from its tokens, so is its matcher
+                    state.grammar.rebuild(state.output_token_ids)
             else:
                 state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
@@ -247,6 +259,10 @@ class ModelRunner:
         # [num_sample, vocab_size]
         # In the model's dtype: the sampler widens to float32 where it needs to.
         logits = self.model.compute_logits(hidden[tensors["logits_indices"]])
+        constrained = [i for i, s in enumerate(states) if s.grammar is not None]
+        if constrained:  # before any sampling path, greedy argmax included
+            bitmask = fill_bitmask([states[i].grammar for i in constrained], logits.shape[1])
+            apply_bitmask(logits, bitmask.to(logits.device), constrained)
         sampled = self.sampler(logits, meta)
         # The step's one copy back: token ids (and logprobs) in one float64 block.
         columns = [sampled.token_ids.unsqueeze(1)]
@@ -259,8 +275,21 @@ class ModelRunner:
         for state, token in zip(states, token_ids):
             state.token_ids.append(token)
             result.sampled_token_ids[state.req_id] = token
+            if state.grammar is not None and self._grammar_ended(state, token):
+                result.grammar_ended.add(state.req_id)
         if sampled.sampled_logprobs is not None:
             self._collect_logprobs(states, token_ids, host, result)
+
+    @staticmethod
+    def _grammar_ended(state: RequestState, token: int) -> bool:
+        if not state.grammar.accept(token):
+            # Only when every token was masked (e.g. min_tokens banning the EOS a
+            # finished grammar allows): end rather than emit what breaks the grammar.
+            logger.warning(
+                "request %s: token %d breaks its grammar; ending it", state.req_id, token
+            )
+            return True
+        return state.grammar.is_terminated
 
     @staticmethod
     def _collect_logprobs(states, token_ids, host: list[list[float]], result) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.sampling_params import SamplingParams
+from worker.structured.grammar_state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class RequestState:
     num_computed_tokens: int
     # Seeded requests only; reseeded before every draw (step_generator).
     generator: torch.Generator | None
+    grammar: GrammarState | None = None  # constrained requests only
     _mask_tensors: MaskTensors | None = None
 
     @property

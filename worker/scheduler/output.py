@@ -7,6 +7,7 @@ runner's answer is `ModelRunnerOutput`. Nothing else crosses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.sampling_params import SamplingParams
 from worker.outputs import TokenLogprobs
@@ -21,6 +22,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hit
+    grammar: Any = None  # compiled, when sampling_params.structured_outputs is set
     # Tokens generated before the request came here (resumed from a failed worker).
     output_token_ids: list[int] = field(default_factory=list)
 
@@ -58,3 +60,5 @@ class ModelRunnerOutput:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # Prompt positions whose logprobs were computed this step, per request.
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # Requests whose grammar ended with this step's token (or refused it).
+    grammar_ended: set[str] = field(default_factory=set)

@@ -153,6 +153,7 @@ class Scheduler:
                         request.sampling_params,
                         block_ids,
                         num_hit,
+                        request.grammar,
                         list(request.output_token_ids),
                     )
                 )
@@ -205,7 +206,7 @@ class Scheduler:
                 delta.new_token_ids.append(token)
                 logprobs = runner_output.logprobs.get(request_id)
                 delta.new_logprobs = [logprobs] if logprobs is not None else None
-                if request.check_stop():
+                if request.check_stop(request_id in runner_output.grammar_ended):
                     self.running.remove(request)
                     self._release(request)
                     delta.finish_reason = request.status.finish_reason

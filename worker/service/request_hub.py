@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from typing import Any
 
 from shared.errors import InvalidRequestError, UnavailableError
 from shared.logging import get_logger
@@ -83,6 +84,7 @@ class RequestHub:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: bytes | None = None,
+        grammar: Any = None,
         output_token_ids: list[int] | None = None,
     ) -> RequestStream:
         """Admit a request (or raise the error its caller gets) and start it."""
@@ -107,9 +109,19 @@ class RequestHub:
         self._streams[engine_id] = stream
         self._changed()
         self.engine_loop.submit(
-            engine_id, prompt_token_ids, params, priority, cache_salt, output_token_ids
+            engine_id, prompt_token_ids, params, priority, cache_salt, grammar, output_token_ids
         )
         return stream
+
+    async def compile_grammar(self, params: SamplingParams) -> Any:
+        """The request's grammar, compiled in the grammar threads while this handler
+        waits and the engine keeps stepping; None when unconstrained. Raises the
+        InvalidRequestError naming what does not compile, before any token."""
+        if params.structured_outputs is None:
+            return None
+        if not self.is_ready or self.engine is None:
+            raise UnavailableError("the worker is still starting (loading the model)")
+        return await asyncio.wrap_future(self.engine.grammars.submit(params.structured_outputs))
 
     def close(self, stream: RequestStream) -> None:
         """The handler is done: abort what the engine still runs (cancel, deadline,

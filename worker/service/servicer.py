@@ -50,12 +50,14 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
         try:
             convert.check_request_fields(request)
             params = convert.sampling_params_from_proto(request.sampling_params)
+            grammar = await self._hub.compile_grammar(params)
             stream = self._hub.open(
                 request.request_id,
                 list(request.prompt_token_ids),
                 params,
                 priority=request.priority,
                 cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
+                grammar=grammar,
                 output_token_ids=list(request.output_token_ids),
             )
         except Exception as exc:

@@ -71,6 +71,21 @@ CASES = [
         "priority",
     ),
     (
+        "schema-does-not-compile",
+        request(OK_PROMPT, structured_outputs=pb.StructuredOutputs(json='{"type": "strin"}')),
+        "structured_outputs.json",
+    ),
+    (
+        "regex-does-not-compile",
+        request(OK_PROMPT, structured_outputs=pb.StructuredOutputs(regex="a(b")),
+        "structured_outputs.regex",
+    ),
+    (
+        "empty-constraint",
+        request(OK_PROMPT, structured_outputs=pb.StructuredOutputs()),
+        "structured_outputs",
+    ),
+    (
         "cache-salt-too-long",
         pb.GenerateRequest(prompt_token_ids=OK_PROMPT, cache_salt=b"s" * 1025),
         "cache_salt",

@@ -6,6 +6,8 @@ from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 from shared.proto.pagoda.v1.sampling_pb2 import TokenIds as TokenIds
+from shared.proto.pagoda.v1.sampling_pb2 import StructuredOutputs as StructuredOutputs
+from shared.proto.pagoda.v1.sampling_pb2 import Choices as Choices
 from shared.proto.pagoda.v1.sampling_pb2 import SamplingParams as SamplingParams
 
 DESCRIPTOR: _descriptor.FileDescriptor

@@ -1,0 +1,1 @@
+"""Constrained decoding: grammars compiled by xgrammar mask each step's logits."""
