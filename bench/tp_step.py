@@ -5,7 +5,8 @@
 A SmolLM2-135M-shaped random checkpoint with 8 query / 2 KV heads (the real
 model's 9 heads do not split in two) runs the same batch at TP=1 and TP=2,
 alternating (--repeats times each), in one process, so both see the same
-machine load. For the decode steps with the whole batch running it reports
+machine load; TP=2 runs twice, its all-reduces over gloo and over shared
+memory (worker/shm_all_reduce.py). For the decode steps with the whole batch running it reports
 the median step time, and at TP=2 the shares of rank 0's step spent in
 collectives (all-reduce / all-gather, gloo) and in the step broadcast
 (pickling and writing the SchedulerOutput, copying and unpickling it on the
@@ -35,7 +36,9 @@ def build_checkpoint(path: Path) -> Path:
     return build_random_checkpoint(path, "llama", dtype=torch.bfloat16, **shape)
 
 
-def run_once(path: Path, tp: int, args) -> dict:
+def run_once(path: Path, tp: int, args, shm: bool = True) -> dict:
+    import os
+
     from worker import SamplingParams
     from worker.config import EngineConfig
     from worker.engine.llm_engine import LLMEngine
@@ -43,6 +46,7 @@ def run_once(path: Path, tp: int, args) -> dict:
     config = EngineConfig.from_kwargs(
         model=str(path), tensor_parallel_size=tp, max_model_len=512, num_kv_blocks=512
     )
+    os.environ["PAGODA_CPU_SHM_ALLREDUCE"] = "1" if shm else "0"  # the ranks inherit it
     engine = LLMEngine(config, offline=True)
     executor = engine.core.executor
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -68,6 +72,8 @@ def run_once(path: Path, tp: int, args) -> dict:
             if is_steady:
                 steps.append(time.perf_counter() - start)
         result = {"tp": tp, "decode_steps": len(steps), "step_ms": 1e3 * statistics.median(steps)}
+        if tp > 1:
+            result["all_reduce"] = "shm" if shm else "gloo"
         if tp > 1:
             end = executor.rank_stats()
             rank_step = end["step_seconds"] - marks[0]["step_seconds"]
@@ -98,12 +104,17 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     args = parser.parse_args()
     path = build_checkpoint(args.checkpoint)
-    runs = [run_once(path, tp, args) for _ in range(args.repeats) for tp in (1, 2)]
+    modes = [(1, True), (2, False), (2, True)]  # TP=1; TP=2 over gloo; over shared memory
+    runs = [run_once(path, tp, args, shm) for _ in range(args.repeats) for tp, shm in modes]
     for run in runs:
-        print(json.dumps(run))
-    one = statistics.median(r["step_ms"] for r in runs if r["tp"] == 1)
-    two = statistics.median(r["step_ms"] for r in runs if r["tp"] == 2)
-    print(json.dumps({"tp1_step_ms": one, "tp2_step_ms": two, "tp2_over_tp1": two / one}))
+        print(json.dumps(run), flush=True)
+
+    def median(tp, shm):
+        picked = [r for r in runs if r["tp"] == tp and r.get("all_reduce", "shm") == shm]
+        return statistics.median(r["step_ms"] for r in picked)
+
+    one, gloo, shm = median(1, "shm"), median(2, "gloo"), median(2, "shm")
+    print(json.dumps({"tp1_step_ms": one, "tp2_gloo_step_ms": gloo, "tp2_shm_step_ms": shm}))
 
 
 if __name__ == "__main__":

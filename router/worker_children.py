@@ -94,7 +94,9 @@ class WorkerChildren:
             for port, metrics_port in zip(self.ports, self.metrics_ports)
         ]
         self._devices = self._assign_devices(num_workers, tensor_parallel_size, device)
-        self.cores = self._assign_cores(num_workers, device, cpu_cores, self._devices)
+        self.cores = self._assign_cores(
+            num_workers, device, cpu_cores, self._devices, tensor_parallel_size
+        )
         self.processes: list[subprocess.Popen] = []
         self._reported: set[int] = set()
         self.failed = False
@@ -120,10 +122,15 @@ class WorkerChildren:
 
     @staticmethod
     def _assign_cores(
-        num_workers: int, device: str, cpu_cores: str | None, gpus: list[str | None]
+        num_workers: int,
+        device: str,
+        cpu_cores: str | None,
+        gpus: list[str | None],
+        tp: int = 1,
     ) -> list[list[int] | None]:
         """Disjoint CPU cores per worker (a NUMA node each where there are enough),
-        when the workers compute on the CPU."""
+        when the workers compute on the CPU; a tensor-parallel worker needs a core
+        per rank, so too few cores for that are shared between workers instead."""
         if device == "cuda" or (device == "auto" and (any(gpus) or visible_gpus())):
             return [None] * num_workers
         from shared.cpu_cores import parse_core_list
@@ -131,6 +138,19 @@ class WorkerChildren:
         allowed = parse_core_list(cpu_cores) if cpu_cores else allowed_cores()
         nodes = [c for c in numa_nodes(allowed).values()]
         groups = split_cores(num_workers, allowed, nodes)
+        if tp > 1 and len(allowed) >= tp and min(len(g) for g in groups) < tp:
+            logger.warning(
+                "%d workers x %d ranks on %d cores: the workers share cores, and each is "
+                "slower for it",
+                num_workers,
+                tp,
+                len(allowed),
+            )
+            ordered = sorted(allowed)
+            return [
+                sorted(ordered[(i * tp + j) % len(ordered)] for j in range(tp))
+                for i in range(num_workers)
+            ]
         if num_workers > len(allowed):
             logger.warning(
                 "%d workers on %d cores: some share a core, and each is slower for it",

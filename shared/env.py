@@ -68,3 +68,9 @@ def hf_offline() -> bool:
 def rendezvous_timeout() -> float:
     """Seconds a tensor-parallel rank waits for the others to join (default 120)."""
     return float(os.environ.get("PAGODA_RENDEZVOUS_TIMEOUT", "120"))
+
+
+def cpu_shm_all_reduce() -> bool:
+    """Whether CPU tensor-parallel ranks on one machine all-reduce through shared
+    memory (on unless set to 0: gloo, the plain twin, for comparing)."""
+    return os.environ.get("PAGODA_CPU_SHM_ALLREDUCE", "1") not in ("0", "false", "False")

@@ -8,6 +8,7 @@ CPU) through `init_tensor_parallel` before building the model.
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import timedelta
 
 import torch
@@ -15,10 +16,12 @@ import torch.distributed as dist
 
 from shared import env
 from shared.errors import ConfigError
+from worker.shm_all_reduce import ShmAllReduce
 
 _TP_RANK = 0
 _TP_SIZE = 1
 _DEVICE = torch.device("cpu")
+_SHM: ShmAllReduce | None = None  # CPU ranks on one machine (see init_tensor_parallel)
 # Seconds this process has spent inside collectives, and how many it ran (read by
 # bench/tp_step.py; on a GPU only the launches are timed: NCCL runs asynchronously).
 collective_seconds = 0.0
@@ -31,13 +34,15 @@ def init_tensor_parallel(
     init_method: str | None,
     backend: str,
     device: torch.device | None = None,
+    one_machine: bool = False,
 ) -> None:
     """Join the tensor-parallel group; call once per process before building layers.
 
     init_method: e.g. tcp://10.0.0.1:29500, where rank 0 listens; a rank that
     cannot meet the others there within PAGODA_RENDEZVOUS_TIMEOUT seconds fails
-    with an error naming the address."""
-    global _TP_RANK, _TP_SIZE, _DEVICE
+    with an error naming the address. one_machine: every rank is on this machine,
+    so CPU all-reduces can go through shared memory (shm_all_reduce.py)."""
+    global _TP_RANK, _TP_SIZE, _DEVICE, _SHM
     if world_size > 1:
         timeout = env.rendezvous_timeout()
         try:
@@ -57,10 +62,21 @@ def init_tensor_parallel(
             ) from exc
     _TP_RANK, _TP_SIZE = rank, world_size
     _DEVICE = device or torch.device("cpu")
+    if world_size > 1 and backend == "gloo" and one_machine and env.cpu_shm_all_reduce():
+        names = [f"pagoda-ar-{uuid.uuid4().hex[:12]}" if rank == 0 else None]
+        if rank == 0:
+            _SHM = ShmAllReduce(names[0], rank, world_size, create=True)
+        dist.broadcast_object_list(names, src=0)
+        if rank != 0:
+            _SHM = ShmAllReduce(names[0], rank, world_size, create=False)
+        dist.barrier()  # every rank attached before rank 0 may step
 
 
 def destroy_tensor_parallel() -> None:
-    global _TP_RANK, _TP_SIZE
+    global _TP_RANK, _TP_SIZE, _SHM
+    if _SHM is not None:
+        _SHM.close()
+        _SHM = None
     if dist.is_initialized():
         dist.destroy_process_group()
     _TP_RANK, _TP_SIZE = 0, 1
@@ -87,7 +103,10 @@ def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     global collective_seconds, collective_calls
     if _TP_SIZE > 1:
         start = time.perf_counter()
-        dist.all_reduce(x)
+        if _SHM is not None and _SHM.fits(x) and x.is_contiguous():
+            _SHM.all_reduce(x)
+        else:
+            dist.all_reduce(x)
         collective_seconds += time.perf_counter() - start
         collective_calls += 1
     return x

@@ -82,3 +82,13 @@ def test_choice_ttl_defaults_by_store():
     assert RouterConfig(redis_url=None).effective_choice_ttl == 300
     assert RouterConfig(redis_url="redis://r:6379/0").effective_choice_ttl == 10
     assert RouterConfig(redis_url=None, choice_ttl=5).effective_choice_ttl == 5
+
+
+def test_tensor_parallel_workers_get_a_core_per_rank():
+    from router.worker_children import WorkerChildren
+
+    assign = WorkerChildren._assign_cores
+    # Enough cores: disjoint, two per worker.
+    assert assign(2, "cpu", "0-3", [None, None], 2) == [[0, 1], [2, 3]]
+    # Two cores for two TP=2 workers: each gets both, shared.
+    assert assign(2, "cpu", "0,1", [None, None], 2) == [[0, 1], [0, 1]]

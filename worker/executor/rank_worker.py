@@ -61,7 +61,12 @@ class RankWorker:
         if placement.world_size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             init_tensor_parallel(
-                placement.rank, placement.world_size, placement.init_method, backend, device
+                placement.rank,
+                placement.world_size,
+                placement.init_method,
+                backend,
+                device,
+                one_machine=placement.num_local_ranks == placement.world_size,
             )
         if device.type == "cuda":
             baseline = MemorySnapshot.take(device)

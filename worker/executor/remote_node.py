@@ -49,7 +49,9 @@ def run_node(own: EngineConfig) -> int:
     )
     device = device_type(config.device)
     ModelPlan.make(config, device)
-    group = LocalRankGroup(config, local_placements(config.parallel, device, f"tcp://{address}"))
+    # This machine's own --cpu-cores, not node 0's.
+    placements = local_placements(config.parallel, device, f"tcp://{address}", own.device.cpu_cores)
+    group = LocalRankGroup(config, placements)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     logger.info("node %d of %d: ranks %s", parallel.node_rank, parallel.nnodes, group.ranks)
     try:

@@ -142,8 +142,8 @@ def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
         try:
             status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
             assert status != health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError as exc:  # or already gone
-            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+        except grpc.RpcError as exc:  # or already shutting down, or gone
+            assert exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
         assert worker.process.wait(60) == 1
         channel.close()
         wait_for(lambda: all(_is_gone(pid) for pid in ranks), timeout=30, what="ranks to exit")

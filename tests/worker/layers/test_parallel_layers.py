@@ -1,7 +1,8 @@
 """Each sharded layer at tensor-parallel size 2 (two gloo ranks) against its dense twin.
 
 Weights load through the layers' own weight_loader hooks, both from whole
-tensors and from safetensors slices (each rank reads only its part).
+tensors and from safetensors slices (each rank reads only its part); the
+all-reduces go through shared memory, checked against gloo.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from worker.layers.linear import (
     RowParallelLinear,
 )
 from worker.models.checkpoint_slice import CheckpointSlice
+from worker.shm_all_reduce import SLOT_BYTES
 
 WORLD = 2
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -98,9 +100,27 @@ def _check_vocab(slices):
     torch.testing.assert_close(head.compute_logits(hidden), F.linear(hidden, table), **TOL)
 
 
+def _check_all_reduce(rank):
+    """Shared memory sums exactly as gloo does; what does not fit a slot goes to gloo."""
+    assert distributed._SHM is not None
+    for shape, dtype in (((3, 5), torch.float32), ((8, 576), torch.bfloat16)):
+        x = _dense(shape, 20 + rank).to(dtype)
+        want = x.clone()
+        torch.distributed.all_reduce(want)
+        got = distributed.tp_all_reduce(x.clone())
+        assert torch.equal(got, want)
+        assert torch.equal(got, (_dense(shape, 20).to(dtype) + _dense(shape, 21).to(dtype)))
+    big = torch.full((SLOT_BYTES // 4 + 1,), float(rank + 1))
+    assert not distributed._SHM.fits(big)
+    assert distributed.tp_all_reduce(big).eq(3.0).all()
+
+
 def _run_rank(rank: int, port: int, path: str) -> None:
-    distributed.init_tensor_parallel(rank, WORLD, f"tcp://127.0.0.1:{port}", "gloo")
+    distributed.init_tensor_parallel(
+        rank, WORLD, f"tcp://127.0.0.1:{port}", "gloo", one_machine=True
+    )
     try:
+        _check_all_reduce(rank)
         with safe_open(path, framework="pt") as f:
             slices = {name: CheckpointSlice(f, name) for name in f.keys()}  # noqa: SIM118
             _check_column(rank, slices)
