@@ -53,7 +53,6 @@ class ModelRunner:
         max_position = max(max_model_len, spec.max_position_embeddings)
         # Resolved before anything loads: an unservable format fails at start.
         quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
-        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.backend = get_attention_backend(config.device.attention_backend, device)
         self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
         if self.kv_dtype != dtype and self.kv_dtype not in self.backend.extra_kv_dtypes:
@@ -62,6 +61,7 @@ class ModelRunner:
                 f"{self.backend.name} attention backend (its kernels read {dtype} caches); "
                 "use --attention-backend torch, or --kv-cache-dtype auto"
             )
+        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
         generator = torch.Generator(device).manual_seed(config.model.seed)

@@ -14,6 +14,9 @@ from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 from worker.attention.backends import get_attention_backend
 from worker.attention.metadata import BatchLayout
+from worker.config import CacheConfig
+from worker.models.spec import ModelSpec
+from worker.runner.kv_budget import plan_kv_cache
 
 FP8 = torch.float8_e4m3fn
 
@@ -54,16 +57,20 @@ def test_fp8_cache_attends_as_the_rounded_values_would():
 
 def test_fp8_budget_holds_four_times_the_float32_tokens(make_checkpoint):
     path = make_checkpoint("llama")
-    kwargs = dict(block_size=4, max_model_len=64, kv_cache_memory=2**20, attention_backend="torch")
-    dense = LLM(str(path), **kwargs)
-    fp8 = LLM(str(path), kv_cache_dtype="fp8", **kwargs)
-    dense_budget, fp8_budget = dense.engine.core.kv_budget, fp8.engine.core.kv_budget
-    assert fp8_budget.num_blocks == 4 * dense_budget.num_blocks
-    assert "KV cache (fp8)" in fp8_budget.describe()
+    spec, cpu = ModelSpec.from_folder(path), torch.device("cpu")
+    cache = CacheConfig(block_size=4, kv_cache_memory=2**20, kv_cache_dtype="fp8")
+    dense = plan_kv_cache(cache, spec, torch.float32, cpu, 0, 64)
+    fp8 = LLM(str(path), max_model_len=64, attention_backend="torch", **_fields(cache))
+    assert fp8.engine.core.kv_budget.num_blocks == 4 * dense.num_blocks
+    assert "KV cache (fp8)" in fp8.engine.core.kv_budget.describe()
     prompts = random_prompts([5, 17])
     greedy = SamplingParams(temperature=0, max_tokens=6)
     out = fp8.generate(prompts, greedy, detokenize=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
+
+
+def _fields(cache: CacheConfig) -> dict:
+    return {f: getattr(cache, f) for f in ("block_size", "kv_cache_memory", "kv_cache_dtype")}
 
 
 def test_backends_without_fp8_kernels_refuse_it(make_checkpoint):
