@@ -6,6 +6,12 @@ SIGTERM when this process dies (PR_SET_PDEATHSIG, set before exec) and also
 watches for it itself (--parent-pid): the signal is tied to the thread that
 started the child, and a `kill -9` of this process must leave no worker
 behind either way.
+
+A worker that dies after it started well (it lived RESTART_AFTER_S) is started
+again on its port and cores, after a backoff that doubles up to MAX_BACKOFF_S
+while it keeps dying; the router's health watch takes it back once it serves.
+One that dies sooner failed to start (bad flags, no memory) and stays down; when
+none is left, serve stops.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ logger = get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
 # How long stopped workers get to drain before they are killed.
 STOP_TIMEOUT_S = 60.0
+RESTART_AFTER_S = 5.0
+MAX_BACKOFF_S = 30.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -90,6 +98,10 @@ class WorkerChildren:
         self.processes: list[subprocess.Popen] = []
         self._reported: set[int] = set()
         self.failed = False
+        self.num_restarts = 0
+        self._started_at: dict[int, float] = {}
+        self._backoff: dict[int, float] = {}
+        self._restart_at: dict[int, float] = {}
 
     @staticmethod
     def _assign_devices(num_workers: int, tp: int, device: str) -> list[str | None]:
@@ -128,52 +140,73 @@ class WorkerChildren:
         return groups
 
     def start(self) -> None:
-        for i, port in enumerate(self.ports):
-            env = dict(os.environ)
-            if self._devices[i] is not None:
-                env["CUDA_VISIBLE_DEVICES"] = self._devices[i]
-            command = [sys.executable, "-m", "shared.cli", "worker", *self._flags]
-            command += [
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--parent-pid",
-                str(os.getpid()),
-                "--metrics-port",
-                str(self.metrics_ports[i]),
-            ]
-            cores = self.cores[i]
-            where = ""
-            if cores is not None:
-                command += ["--cpu-cores", format_core_list(cores)]
-                node = node_of(cores)
-                where = f", cores {format_core_list(cores)}" + (
-                    "" if node is None else f" (NUMA node {node})"
-                )
-            self.processes.append(
-                subprocess.Popen(
-                    command,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=functools.partial(_before_exec, cores),
-                )
+        for i in range(len(self.ports)):
+            self._spawn(i)
+
+    def _spawn(self, i: int) -> None:
+        env = dict(os.environ)
+        if self._devices[i] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self._devices[i]
+        command = [sys.executable, "-m", "shared.cli", "worker", *self._flags]
+        command += [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.ports[i]),
+            "--parent-pid",
+            str(os.getpid()),
+            "--metrics-port",
+            str(self.metrics_ports[i]),
+        ]
+        cores = self.cores[i]
+        where = ""
+        if cores is not None:
+            command += ["--cpu-cores", format_core_list(cores)]
+            node = node_of(cores)
+            where = f", cores {format_core_list(cores)}" + (
+                "" if node is None else f" (NUMA node {node})"
             )
-            logger.info(
-                "started worker %d (pid %d) on port %d%s", i, self.processes[-1].pid, port, where
-            )
+        process = subprocess.Popen(
+            command,
+            env=env,
+            start_new_session=True,
+            preexec_fn=functools.partial(_before_exec, cores),
+        )
+        if i < len(self.processes):
+            self.processes[i] = process
+        else:
+            self.processes.append(process)
+        self._started_at[i] = time.monotonic()
+        logger.info("started worker %d (pid %d) on port %d%s", i, process.pid, self.ports[i], where)
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Report workers that exit on their own; stop everything when none is left."""
+        """Restart workers that die after starting well; stop everything when none is
+        left (every one failed to start)."""
         while True:
             await asyncio.sleep(0.5)
+            now = time.monotonic()
             for i, process in enumerate(self.processes):
                 code = process.poll()
                 if code is not None and i not in self._reported:
                     self._reported.add(i)
                     self.failed = True
-                    logger.error("worker %d (pid %d) exited with code %d", i, process.pid, code)
-            if len(self._reported) == len(self.processes):
+                    lived = now - self._started_at[i]
+                    logger.error(
+                        "worker %d (pid %d) exited with code %d after %.0f s",
+                        i, process.pid, code, lived,
+                    )  # fmt: skip
+                    if lived >= RESTART_AFTER_S:
+                        delay = self._backoff.get(i, 1.0) if lived < 60 else 1.0
+                        self._backoff[i] = min(2 * delay, MAX_BACKOFF_S)
+                        self._restart_at[i] = now + delay
+                        logger.warning("restarting worker %d in %.0f s", i, delay)
+            for i, at in list(self._restart_at.items()):
+                if now >= at:
+                    del self._restart_at[i]
+                    self._reported.discard(i)
+                    self.num_restarts += 1
+                    self._spawn(i)
+            if len(self._reported) == len(self.processes) and not self._restart_at:
                 logger.error("no worker left: stopping")
                 stop.set()
                 return

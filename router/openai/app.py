@@ -26,6 +26,7 @@ from router.limits import read_body
 from router.metrics import CONTENT_TYPE
 from router.openai.chat import ChatCompletion
 from router.openai.completions import Completion
+from router.openai.openapi import install_openapi
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from router.openai.request_log import RequestLog
 from router.openai.responses import guarded_sse
@@ -76,7 +77,7 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(state: RouterState) -> RequestLog:
-    app = FastAPI(title="Pagoda", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Pagoda", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics = state.metrics
     worker_metrics = WorkerMetricsScraper(state.config.worker_metrics_url)
 
@@ -154,6 +155,10 @@ def build_app(state: RouterState) -> RequestLog:
 
     openai_route("/v1/completions", "completions", CompletionRequest, Completion)
     openai_route("/v1/chat/completions", "chat", ChatCompletionRequest, ChatCompletion)
+    install_openapi(
+        app,
+        {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest},
+    )
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

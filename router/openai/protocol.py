@@ -157,6 +157,11 @@ def parse_request(cls: type[B], body: bytes) -> B:
         if error["type"] == "json_invalid":
             raise InvalidRequestError("body", f"not valid JSON: {error['msg']}") from None
         if error["type"] == "extra_forbidden":
+            if not location:  # a key such as "" or "a[b]" names no field of its own
+                name = error["loc"][-1]
+                raise InvalidRequestError(
+                    "body", f"unrecognized request argument {name!r}"
+                ) from None
             raise InvalidRequestError(location, "unrecognized request argument") from None
         if error["type"] == "missing":
             raise InvalidRequestError(location, "this field is required") from None

@@ -21,11 +21,16 @@ _MIN_LOGPROB = -9999.0
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+# Characters JSON leaves raw that line splitters other than SSE's own (Python's
+# str.splitlines, as httpx's aiter_lines uses) take for line ends: escaped, so a
+# model that writes one never cuts an event in two.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(data: dict[str, Any]) -> bytes:
     """One server-sent event, as OpenAI frames them: a `data:` line and a blank line."""
-    return (
-        b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-    )
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 class Envelope:

@@ -1,5 +1,6 @@
 """SIGKILL of the worker serving streams, mid-stream: every stream goes on, on the
-other worker, and its text equals an undisturbed run's, greedy and seeded alike."""
+other worker, and its text equals an undisturbed run's, greedy and seeded alike;
+then `pagoda serve` starts the killed worker again and the router takes it back."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 
 import httpx
 
+from tests.cluster import health
 from tests.conftest import wait_for
 from tests.faults.conftest import PROMPTS, start_streams, undisturbed, wait_all
 
@@ -45,3 +47,8 @@ def test_sigkill_of_the_serving_worker_mid_stream_loses_no_token(make_fault_serv
             assert (got.finish_reason, got.completion_tokens) == ("length", MAX_TOKENS)
             assert got.text == want.text, (got.prompt, got.params)
         assert migrations(serve.served.base_url) >= 1
+        # pagoda serve starts it again on its port, and the router takes it back.
+        wait_for(lambda: health(serve.served.base_url).get("workers_serving") == 2, timeout=120)
+        log = serve.served.router.process.log()
+        assert re.search(r"exited with code -9 after \d+ s", log) and "restarting worker" in log
+        assert len(re.findall(r"started worker \d+ \(pid", log)) == 3
