@@ -28,8 +28,18 @@ def write_kv_reference(
     (caches at any strides, e.g. the K and V halves of one tensor)."""
     block_size = key_cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
-    key_cache[blocks, offsets] = key
-    value_cache[blocks, offsets] = value
+    key_cache[blocks, offsets] = _to_cache(key, key_cache.dtype)
+    value_cache[blocks, offsets] = _to_cache(value, value_cache.dtype)
+
+
+def _to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in the cache's dtype; into fp8 (e4m3, scale 1.0) saturating at +-448,
+    where a plain cast would give NaN."""
+    if x.dtype == dtype:
+        return x
+    if dtype == torch.float8_e4m3fn:
+        x = x.clamp(-448.0, 448.0)
+    return x.to(dtype)
 
 
 def paged_attention_reference(
@@ -56,8 +66,9 @@ def paged_attention_reference(
         start, end = query_start_loc[i], query_start_loc[i + 1]
         num_query = end - start
         blocks = block_tables[i, : -(-seq_len // block_size)].long()
-        key = key_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, num_kv_heads, head_dim]
-        value = value_cache[blocks].flatten(0, 1)[:seq_len]
+        # [seq_len, num_kv_heads, head_dim], in the query's dtype (an fp8 cache widens)
+        key = key_cache[blocks].flatten(0, 1)[:seq_len].to(query.dtype)
+        value = value_cache[blocks].flatten(0, 1)[:seq_len].to(query.dtype)
         # [num_kv_heads, group, num_query, head_dim]
         q = query[start:end].view(num_query, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         # [num_kv_heads, group, num_query, seq_len]

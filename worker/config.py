@@ -19,6 +19,7 @@ from shared.errors import ConfigError
 from shared.sampling_params import MAX_LOGPROBS
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 def _positive(name: str, value: int | float | None) -> None:
@@ -114,6 +115,16 @@ class CacheConfig:
             "parse": parse_bytes,
         },
     )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "KV cache dtype. auto: the model dtype; fp8 (= fp8_e4m3): e4m3 with a "
+            "per-tensor scale of 1.0 (vLLM's default without calibrated scales), values "
+            "saturating at +-448: half a bf16 cache's bytes per token. fp8 runs on "
+            "--attention-backend torch.",
+            "choices": KV_CACHE_DTYPES,
+        },
+    )
     kv_cache_memory_fraction: float | None = field(
         default=None,
         metadata={
@@ -138,6 +149,11 @@ class CacheConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         _positive("block_size", self.block_size)
         _positive("kv_cache_memory", self.kv_cache_memory)
         _positive("num_kv_blocks", self.num_kv_blocks)

@@ -88,7 +88,7 @@ class RankWorker:
         budget = plan_kv_cache(
             config.cache,
             spec,
-            dtype,
+            self.runner.kv_dtype,
             device,
             self.runner.weights_bytes,
             self.plan.max_model_len,

@@ -48,6 +48,7 @@ class KVBudget:
     block_size: int
     max_model_len: int
     gpu_profile: GPUMemoryProfile | None = None
+    kv_dtype: str = ""
 
     @property
     def kv_bytes(self) -> int:
@@ -64,7 +65,7 @@ class KVBudget:
 
     def describe(self) -> str:
         line = (
-            f"weights {_gib(self.weights_bytes)}; KV cache {_gib(self.kv_bytes)} = "
+            f"weights {_gib(self.weights_bytes)}; KV cache{self.kv_dtype} {_gib(self.kv_bytes)} = "
             f"{self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens; "
             f"{self.max_concurrency:.2f} concurrent requests at max-model-len {self.max_model_len}"
         )
@@ -114,7 +115,13 @@ def plan_kv_cache(
             kv_bytes //= num_local_ranks
         num_blocks = kv_bytes // bytes_per_block
     budget = KVBudget(
-        weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len, gpu_profile
+        weights_bytes,
+        bytes_per_block,
+        num_blocks,
+        cache.block_size,
+        max_model_len,
+        gpu_profile,
+        "" if cache.kv_cache_dtype == "auto" else f" ({cache.kv_cache_dtype})",
     )
     needed_blocks = -(-max_model_len // cache.block_size)
     if num_blocks < needed_blocks:

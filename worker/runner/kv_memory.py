@@ -23,6 +23,11 @@ from worker.huge_pages import HUGE_PAGE, huge_page_mapping
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype as a torch dtype (auto: the model's)."""
+    return model_dtype if name == "auto" else torch.float8_e4m3fn
+
+
 def allocate_kv_pool(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:

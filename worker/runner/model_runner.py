@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.attention.backends import get_attention_backend
 from worker.attention.forward_context import forward_context
@@ -22,7 +23,7 @@ from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
 from worker.runner.cuda_graphs import CUDAGraphRunner, GraphCapture, capture_sizes
-from worker.runner.kv_memory import allocate_kv_pool
+from worker.runner.kv_memory import allocate_kv_pool, kv_cache_dtype
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata
 from worker.runner.staging import StepStaging
@@ -52,8 +53,15 @@ class ModelRunner:
         max_position = max(max_model_len, spec.max_position_embeddings)
         # Resolved before anything loads: an unservable format fails at start.
         quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
-        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.backend = get_attention_backend(config.device.attention_backend, device)
+        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
+        if self.kv_dtype != dtype and self.kv_dtype not in self.backend.extra_kv_dtypes:
+            raise ConfigError(
+                f"--kv-cache-dtype {config.cache.kv_cache_dtype} is not supported by the "
+                f"{self.backend.name} attention backend (its kernels read {dtype} caches); "
+                "use --attention-backend torch, or --kv-cache-dtype auto"
+            )
+        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
         generator = torch.Generator(device).manual_seed(config.model.seed)
@@ -73,7 +81,7 @@ class ModelRunner:
             shape = self.backend.kv_cache_shape(
                 num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim
             )
-            kv = allocate_kv_pool(shape, self.dtype, self.device)
+            kv = allocate_kv_pool(shape, self.kv_dtype, self.device)
             self.kv_caches.append(kv)
             layer.kv_cache = kv
             layer.backend = self.backend
@@ -109,7 +117,7 @@ class ModelRunner:
                 1, self.block_size, layer.num_kv_heads, layer.head_dim
             )
             layer.kv_cache, layer.backend = (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                 self.backend,
             )
         try:

@@ -24,6 +24,8 @@ class AttentionBackend(ABC):
     # Whether forward() reads nothing from the host, so a CUDA graph can replay it
     # from static buffers (its metadata built only from device arrays and shapes).
     supports_cuda_graphs: bool = False
+    # Cache dtypes other than the model's this backend reads and writes (fp8).
+    extra_kv_dtypes: tuple[torch.dtype, ...] = ()
 
     def kv_cache_shape(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int

@@ -15,6 +15,7 @@ per int32), so shard offsets given in features are divided down.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -156,7 +157,6 @@ def is_layer_skipped(
     `ignore`). Entries match a module name or any dotted part of it, as the
     tools that write them do; `re:` entries are regular expressions
     (compressed-tensors). A fused layer is skipped only if all its parts are."""
-    import re
 
     def skipped(name: str) -> bool:
         for entry in unconverted:
