@@ -10,12 +10,14 @@ from router.config import RouterConfig
 from shared.cli_args import add_dataclass_args, dataclass_from_args
 from shared.errors import ConfigError
 from shared.logging import get_logger
+from shared.vllm_flags import add_vllm_habit_flags
 
 logger = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, RouterConfig)
+    add_vllm_habit_flags(parser)
 
 
 async def wait_for_signal() -> None:

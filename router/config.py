@@ -23,6 +23,8 @@ DEFAULT_GRPC_PORT = 50050
 # without Redis the choices are all the router knows, so they last longer.
 CHOICE_TTL_WITH_REDIS_S = 10.0
 CHOICE_TTL_LOCAL_S = 300.0
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+DEFAULT_MAX_TOKENS_PER_REQUEST = 131072
 
 
 def _port(name: str, value: int) -> None:
@@ -124,6 +126,21 @@ class RouterConfig:
         default=3,
         metadata={"help": "Workers one request may try when they fail before its first token."},
     )
+    migration_limit: int = field(
+        default=3,
+        metadata={
+            "help": "Times a request whose worker fails after tokens have streamed is "
+            "resumed on another worker, with the tokens so far (0: the stream ends with "
+            "an error instead)."
+        },
+    )
+    worker_stall_timeout: float = field(
+        default=15.0,
+        metadata={
+            "help": "Seconds a worker may stay silent (no load report, no token on any "
+            "stream) before it counts as hung: its streams move to other workers."
+        },
+    )
     tokenizer_threads: int = field(
         default=2, metadata={"help": "Threads that tokenize and render chat templates."}
     )
@@ -133,8 +150,46 @@ class RouterConfig:
     discovery_interval: float = field(
         default=1.0, metadata={"help": "Seconds between reads of the Redis worker registry."}
     )
+    worker_metrics_url: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "[NAME=]URL of a worker's metrics whose series GET /metrics includes, "
+            "labelled worker=NAME (default: the URL's host:port); repeatable; pagoda serve "
+            "sets them for its workers."
+        },
+    )
+    enable_request_id_headers: bool = field(
+        default=False,
+        metadata={
+            "help": "Answer with the request's X-Request-Id header (the client's, or the id "
+            "the router gave it); the client's is used for response ids either way."
+        },
+    )
+    disable_log_requests: bool = field(
+        default=False, metadata={"help": "No access log line per HTTP request."}
+    )
     shutdown_timeout: float = field(
         default=30.0, metadata={"help": "Seconds open requests get to finish on shutdown."}
+    )
+    # ---- limits: each a 400 (413, 415) naming what to change ----
+    max_request_body_bytes: int = field(
+        default=DEFAULT_MAX_BODY_BYTES,
+        metadata={"help": "Largest HTTP request body accepted (413 beyond)."},
+    )
+    max_prompt_chars: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest prompt text, in characters, checked before tokenizing "
+            "(default: max_model_len times the longest token's length, which no prompt "
+            "that fits can exceed)."
+        },
+    )
+    max_tokens_per_request: int = field(
+        default=DEFAULT_MAX_TOKENS_PER_REQUEST,
+        metadata={
+            "help": "Bound on n x max_tokens summed over a request's prompts: the most "
+            "tokens one request may ask the workers to generate."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -149,13 +204,17 @@ class RouterConfig:
                 f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, "
                 f"got {self.routing_policy!r}"
             )
-        for name in ("choice_ttl", "load_interval", "discovery_interval"):
+        if self.migration_limit < 0:
+            raise ConfigError(f"--migration-limit must be >= 0, got {self.migration_limit}")
+        for name in ("choice_ttl", "load_interval", "discovery_interval", "worker_stall_timeout"):
             _positive(name, getattr(self, name))
         if not 0 <= self.affinity_threshold <= 1:
             raise ConfigError(
                 f"--affinity-threshold must be in [0, 1], got {self.affinity_threshold}"
             )
         _positive("max_attempts", self.max_attempts)
+        for name in ("max_request_body_bytes", "max_prompt_chars", "max_tokens_per_request"):
+            _positive(name, getattr(self, name))
         _positive("tokenizer_threads", self.tokenizer_threads)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ConfigError("--enable-auto-tool-choice needs a --tool-call-parser")

@@ -22,6 +22,8 @@ _TYPES = {
     401: "authentication_error",
     404: "invalid_request_error",  # as OpenAI answers an unknown model
     405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
     503: "service_unavailable_error",
 }
 

@@ -8,6 +8,13 @@ WorkerStream responses ──► ChoiceText per sample (detokenize, stop strings
 Choice i of prompt p has index p * n + i, as OpenAI numbers them. The
 request is over when every choice has finished: a stop string may finish
 one before its worker does, and once all have, the worker call is cancelled.
+
+A worker that fails after tokens have streamed (dies, hangs, turns UNAVAILABLE)
+does not end the stream: the prompt's request is resumed on another worker with
+the tokens generated so far (Dispatcher.resume), up to `--migration-limit` times,
+and its responses continue the same choices (detokenizer and stop-string state
+carry over). That needs one sample per prompt (n = 1). A stream that does end
+early ends each unfinished choice with finish_reason "abort", then the error.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from dataclasses import dataclass
 from router.metrics import RouterMetrics
 from router.model import ModelContext
 from router.routing.dispatcher import Dispatcher, WorkerJob
-from router.routing.worker_stream import WorkerStream
+from router.routing.worker_stream import WorkerFailedError, WorkerStream
 from router.text.choice_text import ChoiceText, TextDelta, TextOptions
+from shared.errors import PagodaError
+from shared.logging import get_logger
 from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
+logger = get_logger(__name__)
 _DONE = object()
 
 
@@ -67,6 +77,10 @@ class Generation:
         self.n = params[0].n if params[0].HasField("n") else 1
         self.usage = Usage(prompt_tokens=sum(len(p) for p in prompts))
         self.streams: list[WorkerStream] = []
+        self._jobs: list[WorkerJob] = []
+        self._interrupted: PagodaError | None = None
+        self._start_tasks: list[asyncio.Future] = []
+        self.num_migrations = 0
         # Per prompt: logprobs of positions 1.. when prompt_logprobs was asked for.
         self.prompt_logprobs: list[list[wpb.TokenLogprob]] = [[] for _ in prompts]
 
@@ -87,7 +101,11 @@ class Generation:
             )
             for i, prompt in enumerate(self.prompts)
         ]
-        tasks = [asyncio.ensure_future(self._dispatcher.open(job)) for job in jobs]
+        self._jobs = jobs
+        tasks = self._start_tasks = [
+            asyncio.ensure_future(self._dispatcher.open(job)) for job in jobs
+        ]
+        self._dispatcher.generations.add(self)
         try:
             self.streams = list(await asyncio.gather(*tasks))
         except BaseException:  # one failed, or the client left: close what did open
@@ -97,14 +115,25 @@ class Generation:
             for result in results:
                 if isinstance(result, WorkerStream):
                     result.close()
+            if self._interrupted is not None:
+                raise self._interrupted from None
             raise
         self.usage.cached_tokens = sum(s.num_cached_tokens for s in self.streams)
         self._metrics.prompt_tokens.inc(self.usage.prompt_tokens)
         self._metrics.cached_tokens.inc(self.usage.cached_tokens)
 
     def close(self) -> None:
+        self._dispatcher.generations.discard(self)
         for stream in self.streams:
             stream.close()
+
+    def interrupt(self, error: PagodaError) -> None:
+        """End the generation from outside (shutdown): its streams end with `error`."""
+        self._interrupted = error
+        for task in self._start_tasks:
+            task.cancel()
+        for stream in self.streams:
+            stream.interrupt(error)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Every choice's deltas until all have finished (one prompt's in order)."""
@@ -142,22 +171,63 @@ class Generation:
             self.close()
 
     async def _prompt_deltas(self, prompt_index: int) -> AsyncIterator[TextDelta]:
-        stream, prompt = self.streams[prompt_index], self.prompts[prompt_index]
+        prompt = self.prompts[prompt_index]
         choices = [
             ChoiceText(prompt_index * self.n + i, self._model.tokenizer, prompt, self.text)
             for i in range(self.n)
         ]
+        generated: list[int] = []  # sample 0's tokens, to resume from
         try:
-            async with contextlib.aclosing(stream.responses()) as responses:
-                async for response in responses:
-                    self.prompt_logprobs[prompt_index].extend(response.prompt_logprobs)
-                    for output in response.outputs:
-                        delta = choices[output.index].push(output)
-                        if delta is not None:
-                            yield delta
-                    if all(c.is_finished for c in choices):
-                        break
+            while True:
+                stream = self.streams[prompt_index]
+                try:
+                    async with contextlib.aclosing(stream.responses()) as responses:
+                        async for response in responses:
+                            self.prompt_logprobs[prompt_index].extend(response.prompt_logprobs)
+                            for output in response.outputs:
+                                if output.index == 0:
+                                    generated.extend(output.token_ids)
+                                delta = choices[output.index].push(output)
+                                if delta is not None:
+                                    yield delta
+                            if all(c.is_finished for c in choices):
+                                break
+                    return
+                except WorkerFailedError as exc:
+                    if not self._may_resume(generated):
+                        raise
+                    logger.warning(
+                        "request %s: %s; resuming it elsewhere after %d tokens",
+                        self.request_id,
+                        exc,
+                        len(generated),
+                    )
+                    await self._resume(prompt_index, generated, stream)
+        except PagodaError as exc:
+            # A stream never ends in silence: each open choice says it was cut short.
+            if self._interrupted is not None and not isinstance(exc, type(self._interrupted)):
+                exc = self._interrupted
+            for choice in choices:
+                if not choice.is_finished:
+                    end = wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_ABORT)
+                    delta = choice.push(end)
+                    if delta is not None:
+                        yield delta
+            raise exc
         finally:
             num_tokens = sum(c.num_tokens for c in choices)
             self.usage.completion_tokens += num_tokens
             self._metrics.generation_tokens.inc(num_tokens)
+
+    def _may_resume(self, generated: list[int]) -> bool:
+        limit = self._dispatcher.migration_limit
+        return self._interrupted is None and self.n == 1 and self.num_migrations < limit
+
+    async def _resume(self, prompt_index: int, generated: list[int], failed: WorkerStream) -> None:
+        """Open the prompt's request on another worker, continuing after `generated`."""
+        self.num_migrations += 1
+        self._metrics.migrations.inc()
+        job, stream = await self._dispatcher.resume(
+            self._jobs[prompt_index], generated, failed.handle.address
+        )
+        self._jobs[prompt_index], self.streams[prompt_index] = job, stream

@@ -76,6 +76,11 @@ class RouterMetrics:
         )
         for reason in REASONS:
             self.routing_decisions.labels(reason)
+        self.migrations = Counter(
+            f"{_PREFIX}_migrations",
+            "Streams resumed on another worker after theirs failed mid-generation.",
+            registry=r,
+        )
         self.retries = Counter(
             f"{_PREFIX}_retries", "Requests moved to another worker after a failure.", registry=r
         )

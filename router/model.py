@@ -16,6 +16,7 @@ from typing import Any
 
 from router.config import RouterConfig
 from router.errors import ContextLengthError
+from router.limits import RequestLimits
 from router.text.chat_template import ChatTemplate
 from router.text.tokenizer import Tokenizer, read_chat_template
 from shared.errors import InvalidRequestError
@@ -39,13 +40,19 @@ class ModelContext:
         chat_template: ChatTemplate | None,
         num_threads: int,
         default_sampling_params: sampling_pb2.SamplingParams | None = None,
+        root: str | None = None,
+        request_limits: RequestLimits | None = None,
     ) -> None:
         self.name = name
+        self.root = root or name  # the checkpoint the workers loaded
         self.limits = limits
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         # The model's recommended values for fields a request leaves unset.
         self.default_sampling_params = default_sampling_params or sampling_pb2.SamplingParams()
+        self.request_limits = request_limits or RequestLimits.for_model(
+            limits.max_model_len, tokenizer.longest_token_chars, None, 1 << 62
+        )
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="pagoda-tokenize")
 
     @classmethod
@@ -62,6 +69,12 @@ class ModelContext:
             specials = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
             template = ChatTemplate(source, specials)
         limits = ModelLimits(info.max_model_len, info.vocab_size, info.max_logprobs)
+        request_limits = RequestLimits.for_model(
+            info.max_model_len,
+            tokenizer.longest_token_chars,
+            config.max_prompt_chars,
+            config.max_tokens_per_request,
+        )
         return cls(
             info.served_model_name,
             limits,
@@ -69,6 +82,8 @@ class ModelContext:
             template,
             config.tokenizer_threads,
             info.default_sampling_params,
+            request_limits=request_limits,
+            root=info.model,
         )
 
     def close(self) -> None:
@@ -77,7 +92,10 @@ class ModelContext:
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def encode(
+        self, text: str, add_special_tokens: bool = True, what: str = "prompt"
+    ) -> list[int]:
+        self.request_limits.check_prompt_chars(len(text), what)
         return await self._run(self.tokenizer.encode, text, add_special_tokens)
 
     async def render_chat(
@@ -96,6 +114,7 @@ class ModelContext:
                 "--chat-template, or use /v1/completions",
             )
         template = self.chat_template
+        self.request_limits.check_prompt_chars(_content_chars(messages), "messages")
 
         def render() -> tuple[str, list[int]]:
             text = template.render(messages, add_generation_prompt, tools, template_kwargs)
@@ -139,3 +158,15 @@ class ModelContext:
                 f"the {what}",
             )
         return max_tokens
+
+
+def _content_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of the text the messages carry (string contents and text parts)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return total

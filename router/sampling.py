@@ -130,4 +130,6 @@ async def plan_sampling(
         params_from_proto(worker).validate_token_ids(model.limits.vocab_size)
         plans.append(prompt)
         params.append(worker)
+    n = msg.n if msg.HasField("n") else 1
+    model.request_limits.check_tokens(n, [p.max_tokens for p in params])
     return SamplingPlan(plans, params, text)

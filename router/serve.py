@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import signal
 from dataclasses import dataclass, field
 
@@ -32,15 +31,25 @@ from router.worker_children import WorkerChildren
 from shared.cli_args import add_dataclass_args, dataclass_from_args, dataclass_to_args
 from shared.errors import ConfigError
 from shared.logging import get_logger
+from shared.vllm_flags import add_vllm_habit_flags
 from worker.config import EngineConfig
 from worker.service.config import WorkerServiceConfig
 
 logger = get_logger(__name__)
 
 # Router flags `serve` takes from the engine's (same name, same meaning) or sets itself.
-_ROUTER_SKIP = ("worker", "served_model_name", "tokenizer")
+_ROUTER_SKIP = ("worker", "served_model_name", "tokenizer", "worker_metrics_url")
 # Worker-service flags that `serve` sets itself, or that the router flags already name.
-_WORKER_SKIP = ("host", "port", "advertise_address", "worker_id", "redis_url", "redis_prefix")
+_WORKER_SKIP = (
+    "host",
+    "port",
+    "advertise_address",
+    "worker_id",
+    "redis_url",
+    "redis_prefix",
+    "parent_pid",
+    "metrics_port",
+)
 
 
 @dataclass(frozen=True)
@@ -57,17 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, RouterConfig, skip=_ROUTER_SKIP)
     add_dataclass_args(parser, WorkerServiceConfig, skip=_WORKER_SKIP)
     add_dataclass_args(parser, ServeConfig)
+    add_vllm_habit_flags(parser)
 
 
-def worker_flags(engine: EngineConfig, service: WorkerServiceConfig, num_workers: int) -> list[str]:
-    """The flags every child gets (port and devices are per child)."""
-    device = engine.device
-    if device.cpu_threads is None:  # N workers share the cores instead of all taking all
-        threads = max(1, (os.cpu_count() or 1) // num_workers)
-        device = dataclasses.replace(device, cpu_threads=threads)
+def worker_flags(engine: EngineConfig, service: WorkerServiceConfig) -> list[str]:
+    """The flags every child gets (port, devices and CPU cores are per child)."""
     flags = ["--model", engine.model.model]
-    for group in (engine.model, engine.cache, engine.scheduler, engine.parallel, device):
+    for group in (engine.model, engine.cache, engine.scheduler, engine.parallel):
         flags += dataclass_to_args(group, skip=("model",))
+    flags += dataclass_to_args(engine.device, skip=("cpu_cores",))
     flags += dataclass_to_args(service, skip=_WORKER_SKIP)
     return flags
 
@@ -82,23 +89,34 @@ async def serve(router_config: RouterConfig, children: WorkerChildren) -> int:
     children.start()
     server = RouterServer(router_config)
     watch = asyncio.create_task(children.watch(stop))
+    announce = None
     try:
         await server.start()
-        logger.info(
-            "serving at http://%s:%d/v1 with %d workers (Ctrl-C stops everything)",
-            router_config.host,
-            server.http_port,
-            len(children.processes),
-        )
+        announce = asyncio.create_task(_announce_when_serving(server, len(children.processes)))
         await stop.wait()
         logger.info("shutting down: the router first, then the workers")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: no more waiting
             loop.add_signal_handler(sig, children.kill)
         watch.cancel()
+        if announce is not None:
+            announce.cancel()
         await server.stop()
         await asyncio.to_thread(children.stop)
     return 0 if not children.failed else 1
+
+
+async def _announce_when_serving(server, num_workers: int) -> None:
+    """ "serving at" once a request can be served, not while the workers still load."""
+    while not server.is_serving():
+        await asyncio.sleep(0.2)
+    logger.info(
+        "serving at http://%s:%d/v1 (%d of %d workers ready; Ctrl-C stops everything)",
+        server.config.host,
+        server.http_port,
+        len(server.pool.serving()),
+        num_workers,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,16 +127,18 @@ def run(args: argparse.Namespace) -> int:
         router_config = dataclass_from_args(RouterConfig, args)
         children = WorkerChildren(
             serve_config.num_workers,
-            worker_flags(engine, service, serve_config.num_workers),
+            worker_flags(engine, service),
             router_config.redis_url,
             router_config.redis_prefix,
             engine.parallel.tensor_parallel_size,
             engine.device.device,
+            engine.device.cpu_cores,
         )
         router_config = dataclasses.replace(
             router_config,
             # With Redis the router finds the workers in the registry.
             worker=() if router_config.redis_url else tuple(children.addresses),
+            worker_metrics_url=tuple(children.metrics_targets),
             served_model_name=engine.model.name,
             tokenizer=engine.model.tokenizer or engine.model.model,
         )

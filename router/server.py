@@ -6,7 +6,9 @@ start()  store (Redis, or in-process) -> worker pool (static list, registry; hea
          thread, when the first worker of the model announces itself; until then
          requests get 503 and /health says why.
 stop()   gRPC health NOT_SERVING -> stop taking connections -> open requests get
-         --shutdown-timeout to finish -> close worker channels and the store
+         --shutdown-timeout to finish; those still open then end with an error (an
+         SSE error event after finish_reason "abort", a 503, UNAVAILABLE) -> close
+         worker channels and the store
 ```
 """
 
@@ -31,6 +33,7 @@ from router.routing.redis_store import RedisStore
 from router.routing.store import AffinityStore, LocalStore
 from router.routing.worker_pool import WorkerPool
 from router.state import RouterState
+from shared.errors import ConfigError, UnavailableError
 from shared.logging import get_logger
 from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
@@ -40,6 +43,7 @@ logger = get_logger(__name__)
 _HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_END_MARGIN_S = 2
 
 
 class _Uvicorn(uvicorn.Server):
@@ -93,12 +97,16 @@ class RouterServer:
             lifespan="off",
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=int(self.config.shutdown_timeout),
+            # Past --shutdown-timeout the open generations are ended (stop()); this
+            # margin lets their last events go out before uvicorn cancels anything.
+            timeout_graceful_shutdown=int(self.config.shutdown_timeout) + _END_MARGIN_S,
         )
         self._http = _Uvicorn(uvicorn_config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
 
-        server = grpc.aio.server()
+        # gRPC's port reuse is on by default: a second router on a port in use would
+        # start cleanly and split the clients between two deployments.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_RouterServiceServicer_to_server(RouterServicer(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -107,7 +115,13 @@ class RouterServer:
         host = (
             self.config.host if ":" not in self.config.host else f"[{self.config.host.strip('[]')}]"
         )
-        self.grpc_port = server.add_insecure_port(f"{host}:{self.config.grpc_port}")
+        try:
+            self.grpc_port = server.add_insecure_port(f"{host}:{self.config.grpc_port}")
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"cannot listen for gRPC on {host}:{self.config.grpc_port} (is the port in "
+                f"use? --grpc-port 0 takes any free one): {exc}"
+            ) from exc
         await server.start()
         self._grpc = server
         while not self._http.started:
@@ -125,14 +139,21 @@ class RouterServer:
             else f"static workers {', '.join(self.config.worker)} (in-process affinity store)",
         )
 
+    def is_serving(self) -> bool:
+        """The model is known and at least one worker of it is SERVING."""
+        return self.state.model is not None and bool(self.pool.serving())
+
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         if self._http is not None:
             self._http.should_exit = True
+        ender = asyncio.create_task(self._end_generations_after(self.config.shutdown_timeout))
         if self._grpc is not None:
-            await self._grpc.stop(grace=self.config.shutdown_timeout)
+            await self._grpc.stop(grace=self.config.shutdown_timeout + _END_MARGIN_S)
         if self._http_task is not None:
             await asyncio.gather(self._http_task, return_exceptions=True)
+        ender.cancel()
+        await asyncio.gather(ender, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -140,6 +161,26 @@ class RouterServer:
         await self.store.close()
         if self.state.model is not None:
             self.state.model.close()
+
+    async def _end_generations_after(self, timeout: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        generations = self.dispatcher.generations
+        while len(generations) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        open_now = list(generations)
+        if not open_now:
+            return
+        logger.warning(
+            "%d requests still open after --shutdown-timeout %g s: ending them",
+            len(open_now),
+            timeout,
+        )
+        error = UnavailableError(
+            f"the server shut down before the answer was complete (--shutdown-timeout "
+            f"{timeout:g} s); retry the request"
+        )
+        for generation in open_now:
+            generation.interrupt(error)
 
     # ---- the model and health ----------------------------------------------------
 

@@ -1,10 +1,19 @@
-"""`pagoda worker` child processes of `pagoda serve`: start, watch, stop in order."""
+"""`pagoda worker` child processes of `pagoda serve`: start, watch, stop in order.
+
+On CPU each child gets cores of its own (shared/cpu_cores.py), pinned before
+it execs and passed on as --cpu-cores, so its log says which. A child gets
+SIGTERM when this process dies (PR_SET_PDEATHSIG, set before exec) and also
+watches for it itself (--parent-pid): the signal is tied to the thread that
+started the child, and a `kill -9` of this process must leave no worker
+behind either way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -13,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from shared.cpu_cores import allowed_cores, format_core_list, node_of, numa_nodes, split_cores
 from shared.logging import get_logger
 
 logger = get_logger(__name__)
@@ -28,10 +38,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux only)."""
+def _before_exec(cores: list[int] | None) -> None:
+    """In the child, before exec: SIGTERM when the parent dies, and its cores (Linux)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
 
 
 def visible_gpus() -> list[str]:
@@ -59,13 +71,22 @@ class WorkerChildren:
         redis_prefix: str,
         tensor_parallel_size: int = 1,
         device: str = "auto",
+        cpu_cores: str | None = None,
     ) -> None:
         self._flags = flags
         if redis_url:
             self._flags = [*flags, "--redis-url", redis_url, "--redis-prefix", redis_prefix]
         self.ports = [free_port() for _ in range(num_workers)]
         self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        self.metrics_ports = [free_port() for _ in range(num_workers)]
+        # Labelled by the worker's own id (its default: HOSTNAME-PORT), as the router's
+        # other per-worker series and the x-pagoda-worker header name it.
+        self.metrics_targets = [
+            f"{socket.gethostname()}-{port}=http://127.0.0.1:{metrics_port}/metrics"
+            for port, metrics_port in zip(self.ports, self.metrics_ports)
+        ]
         self._devices = self._assign_devices(num_workers, tensor_parallel_size, device)
+        self.cores = self._assign_cores(num_workers, device, cpu_cores, self._devices)
         self.processes: list[subprocess.Popen] = []
         self._reported: set[int] = set()
         self.failed = False
@@ -85,19 +106,62 @@ class WorkerChildren:
             )
         return [None] * num_workers
 
+    @staticmethod
+    def _assign_cores(
+        num_workers: int, device: str, cpu_cores: str | None, gpus: list[str | None]
+    ) -> list[list[int] | None]:
+        """Disjoint CPU cores per worker (a NUMA node each where there are enough),
+        when the workers compute on the CPU."""
+        if device == "cuda" or (device == "auto" and (any(gpus) or visible_gpus())):
+            return [None] * num_workers
+        from shared.cpu_cores import parse_core_list
+
+        allowed = parse_core_list(cpu_cores) if cpu_cores else allowed_cores()
+        nodes = [c for c in numa_nodes(allowed).values()]
+        groups = split_cores(num_workers, allowed, nodes)
+        if num_workers > len(allowed):
+            logger.warning(
+                "%d workers on %d cores: some share a core, and each is slower for it",
+                num_workers,
+                len(allowed),
+            )
+        return groups
+
     def start(self) -> None:
         for i, port in enumerate(self.ports):
             env = dict(os.environ)
             if self._devices[i] is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self._devices[i]
             command = [sys.executable, "-m", "shared.cli", "worker", *self._flags]
-            command += ["--host", "127.0.0.1", "--port", str(port)]
+            command += [
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--parent-pid",
+                str(os.getpid()),
+                "--metrics-port",
+                str(self.metrics_ports[i]),
+            ]
+            cores = self.cores[i]
+            where = ""
+            if cores is not None:
+                command += ["--cpu-cores", format_core_list(cores)]
+                node = node_of(cores)
+                where = f", cores {format_core_list(cores)}" + (
+                    "" if node is None else f" (NUMA node {node})"
+                )
             self.processes.append(
                 subprocess.Popen(
-                    command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+                    command,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=functools.partial(_before_exec, cores),
                 )
             )
-            logger.info("started worker %d (pid %d) on port %d", i, self.processes[-1].pid, port)
+            logger.info(
+                "started worker %d (pid %d) on port %d%s", i, self.processes[-1].pid, port, where
+            )
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Report workers that exit on their own; stop everything when none is left."""

@@ -12,7 +12,8 @@ import importlib
 import os
 import sys
 
-from shared.logging import configure_logging
+from shared.logging import configure_logging, get_logger
+from shared.vllm_flags import NOTES
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -21,11 +22,32 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("router.cli", "Serve the OpenAI HTTP and gRPC text APIs in front of workers."),
     "serve": ("router.serve", "Serve a model on this machine: a router and N workers."),
     "bench": ("bench.cli", "Benchmarks: workloads, offline and online runs, roofline, summary."),
+    "build-kernels": (
+        "kernels.build_cli",
+        "Compile the CPU kernels for this machine now (else the first worker start does).",
+    ),
 }
 
 
 def register_subcommand(name: str, module: str, help_text: str) -> None:
     SUBCOMMANDS[name] = (module, help_text)
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """--help shows each flag's default, unless its help already says it (or there is
+    none to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default in (None, False, argparse.SUPPRESS, [], ())
+            or isinstance(action, argparse._HelpAction)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -34,7 +56,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (module, help_text) in SUBCOMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=_DefaultsFormatter
+        )
         if name == chosen:  # only the chosen one pays for its imports
             importlib.import_module(module).add_arguments(sub_parser)
     return parser
@@ -47,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = build_parser(argv).parse_args(argv)
     configure_logging(args.log_level)
+    for note in getattr(args, NOTES, None) or ():
+        get_logger("shared.cli").warning("%s", note)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     return int(module.run(args) or 0)
 

@@ -87,7 +87,7 @@ def add_dataclass_args(
                 kwargs["type"] = f.metadata.get("parse", str)
                 kwargs["action"] = "append"
                 kwargs["default"] = None
-        group.add_argument(flag_name(f.name), **kwargs)
+        group.add_argument(flag_name(f.name), *f.metadata.get("aliases", ()), **kwargs)
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:

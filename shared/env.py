@@ -49,6 +49,12 @@ def cpu_bf16_gemm() -> bool:
     return os.environ.get("PAGODA_CPU_BF16_GEMM", "1") not in ("0", "false", "False")
 
 
+def cpu_quantized_kernels() -> bool:
+    """Whether integer weight-only linears on CPU use torch's int8/int4 kernels where
+    the shape fits (on unless set to 0: dequantize-then-matmul, for comparing)."""
+    return os.environ.get("PAGODA_CPU_QUANTIZED_KERNELS", "1") not in ("0", "false", "False")
+
+
 def cpu_malloc_tuning() -> bool:
     """Whether the worker sets glibc malloc to keep freed buffers mapped (on unless
     set to 0; worker/runner/cpu_allocator.py)."""
@@ -57,3 +63,8 @@ def cpu_malloc_tuning() -> bool:
 
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+def rendezvous_timeout() -> float:
+    """Seconds a tensor-parallel rank waits for the others to join (default 120)."""
+    return float(os.environ.get("PAGODA_RENDEZVOUS_TIMEOUT", "120"))

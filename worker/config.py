@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cli_args import add_dataclass_args, dataclass_from_args, parse_bytes
+from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -43,6 +44,15 @@ class ModelConfig:
     max_model_len: int | None = field(
         default=None,
         metadata={"help": "Longest prompt + output, in tokens (default: the model's)."},
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weight quantization (vLLM's names). Default: the checkpoint's own "
+            "(config.json quantization_config: gptq, awq, fp8, compressed-tensors); from a "
+            "dense checkpoint, quantize at load: int8 (per channel), int4 (groups of 128), "
+            "fp8, bitsandbytes (NF4)."
+        },
     )
     seed: int = field(default=0, metadata={"help": "Seed for requests that set none."})
     served_model_name: str | None = field(
@@ -86,7 +96,10 @@ class CacheConfig:
     )
     kv_cache_memory: int | None = field(
         default=None,
-        metadata={"help": "KV cache size in bytes, e.g. 4GiB.", "parse": parse_bytes},
+        metadata={
+            "help": "KV cache size in bytes, e.g. 4GiB (per rank under tensor parallelism).",
+            "parse": parse_bytes,
+        },
     )
     kv_cache_memory_fraction: float | None = field(
         default=None,
@@ -161,14 +174,53 @@ class SchedulerConfig:
             )
 
 
+DEFAULT_MASTER_PORT = 29501
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = field(
-        default=1, metadata={"help": "Devices to shard each layer across."}
+        default=1,
+        metadata={
+            "help": "Ranks to shard each layer across (Megatron-style): GPUs, or on CPU "
+            "disjoint groups of this worker's cores.",
+            "aliases": ("-tp",),
+        },
+    )
+    nnodes: int = field(default=1, metadata={"help": "Machines the tensor-parallel group spans."})
+    node_rank: int = field(
+        default=0,
+        metadata={
+            "help": "This machine's index among --nnodes (0 runs the scheduler and serves; "
+            "the others only run their ranks)."
+        },
+    )
+    master_addr: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Address of node 0, where the ranks meet (torch.distributed)."},
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Port on --master-addr where the ranks meet (default: a free port on "
+            f"one node, {DEFAULT_MASTER_PORT} across nodes)."
+        },
     )
 
     def __post_init__(self) -> None:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _positive("nnodes", self.nnodes)
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ConfigError(
+                f"--tensor-parallel-size {self.tensor_parallel_size} does not split evenly "
+                f"over --nnodes {self.nnodes}"
+            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
 
 
 @dataclass(frozen=True)
@@ -177,7 +229,16 @@ class DeviceConfig:
         default="auto", metadata={"help": "auto, cpu or cuda.", "choices": ("auto", "cpu", "cuda")}
     )
     cpu_threads: int | None = field(
-        default=None, metadata={"help": "Threads for CPU compute (default: all cores)."}
+        default=None,
+        metadata={"help": "Threads for CPU compute (default: one per core this worker may use)."},
+    )
+    cpu_cores: str | None = field(
+        default=None,
+        metadata={
+            "help": "CPU cores this worker runs on, as a Linux cpulist (e.g. 0-3,8); every "
+            "thread is pinned there (default: all this process may use; pagoda serve gives "
+            "each worker its own)."
+        },
     )
     enforce_eager: bool = field(
         default=False,
@@ -192,6 +253,11 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         _positive("cpu_threads", self.cpu_threads)
+        if self.cpu_cores is not None:
+            try:
+                parse_core_list(self.cpu_cores)
+            except ValueError as exc:
+                raise ConfigError(f"--cpu-cores: {exc}") from None
 
 
 _GROUPS = {

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from shared.errors import ConfigError
+from shared.logging import get_logger
 from worker.config import EngineConfig
+
+logger = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +26,17 @@ def run(args: argparse.Namespace) -> int:
     from shared.sampling_params import SamplingParams
     from worker.llm import LLM
 
-    llm = LLM(config=EngineConfig.from_cli_args(args))
+    try:
+        llm = LLM(config=EngineConfig.from_cli_args(args))
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    for prompt, output in zip(args.prompt, llm.generate(args.prompt, params)):
+    try:
+        outputs = llm.generate(args.prompt, params)
+    finally:
+        llm.shutdown()
+    for prompt, output in zip(args.prompt, outputs):
         completion = output.outputs[0]
         if args.json:
             record = {

@@ -1,6 +1,6 @@
 """Anonymous memory advised for 2 MiB pages, for the big CPU buffers a step
 streams through: the KV pools (worker/runner/kv_memory.py) and the packed bf16
-weights (worker/layers/quantization/cpu_packed.py). With 4 KiB pages each of
+weights (worker/layers/cpu_packed.py). With 4 KiB pages each of
 them spans tens of thousands of pages, and every jump between scattered blocks,
 or every page of a weight stream, costs a TLB miss.
 

@@ -48,6 +48,10 @@ class LLM:
                 ) from exc
         return self._tokenizer
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank processes now (else they stop at exit)."""
+        self.engine.shutdown()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """The parameters `generate` uses when given none: the model's
         generation_config.json recommendations (--generation-config) over the defaults."""

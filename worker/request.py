@@ -57,8 +57,11 @@ class Request:
         block_size: int | None = None,
         cache_salt: bytes | None = None,
         grammar: Any = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
-        """grammar: the compiled grammar of sampling_params.structured_outputs."""
+        """grammar: the compiled grammar of sampling_params.structured_outputs.
+        output_token_ids: tokens a failed worker generated already (a resumed
+        request); they count as this request's own outputs."""
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -66,8 +69,8 @@ class Request:
         self.priority = priority
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.all_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.output_token_ids: list[int] = list(output_token_ids or ())
+        self.all_token_ids = list(prompt_token_ids) + self.output_token_ids
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set when first scheduled
         self.num_preemptions = 0

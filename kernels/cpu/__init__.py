@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from kernels.cpu.build_progress import MODULE_NAME, build_reported
 from shared import env
 from shared.logging import get_logger
 
@@ -102,16 +103,23 @@ def load_cpu_kernels() -> ModuleType | None:
             # every later load then waits on it forever. Whoever holds this flock (the
             # kernel drops it when a process dies) is the only builder, so a `lock`
             # file found while holding it is stale.
-            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                logger.info(
+                    "another process is compiling the CPU kernels in %s: waiting", build_dir
+                )
+                fcntl.flock(guard, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            return load(
-                name="pagoda_cpu_kernels",
-                sources=[str(s) for s in _staged_sources(build_dir)],
-                extra_cflags=_FLAGS,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
+            with build_reported(build_dir):
+                return load(
+                    name=MODULE_NAME,
+                    sources=[str(s) for s in _staged_sources(build_dir)],
+                    extra_cflags=_FLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(build_dir),
+                    verbose=False,
+                )
     except Exception as exc:  # no compiler, no ninja, headers missing: run the reference
         logger.warning("CPU kernels unavailable, using the plain-PyTorch reference: %s", exc)
         return None

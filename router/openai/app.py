@@ -1,4 +1,5 @@
-"""The HTTP app: OpenAI routes, /health, /metrics, and errors as OpenAI-shaped JSON.
+"""The HTTP app: OpenAI routes, vLLM's extra routes (/tokenize, /detokenize,
+/version, /ping), /health, /metrics, and errors as OpenAI-shaped JSON.
 
 A streamed answer starts (headers, status 200) only once the worker has
 returned its first response, so every failure before the first token is a
@@ -9,6 +10,7 @@ The worker that served the request is named in the `x-pagoda-worker` header.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -20,13 +22,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.errors import describe, error_body
 from router.generation import Generation
+from router.limits import read_body
 from router.metrics import CONTENT_TYPE
 from router.openai.chat import ChatCompletion
 from router.openai.completions import Completion
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openai.request_log import RequestLog
 from router.openai.responses import guarded_sse
+from router.openai.tokenization import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from router.routing.worker_stream import WorkerFailedError
 from router.state import RouterState
+from router.worker_metrics import WorkerMetricsScraper
 from shared.logging import get_logger
 
 logger = get_logger(__name__)
@@ -34,6 +40,7 @@ logger = get_logger(__name__)
 WORKER_HEADER = "x-pagoda-worker"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 T = TypeVar("T")
+VERSION = importlib.metadata.version("pagoda")
 # A handler's result: a JSON body, or the chunks of an SSE body; and its generation.
 Answer = tuple[dict[str, Any] | AsyncIterator[bytes], Generation]
 
@@ -68,9 +75,10 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def build_app(state: RouterState) -> FastAPI:
+def build_app(state: RouterState) -> RequestLog:
     app = FastAPI(title="Pagoda", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = state.metrics
+    worker_metrics = WorkerMetricsScraper(state.config.worker_metrics_url)
 
     def error_response(api: str, exc: BaseException) -> JSONResponse:
         status, body = describe(exc)
@@ -84,7 +92,8 @@ def build_app(state: RouterState) -> FastAPI:
         arrival = time.monotonic()
         try:
             state.check_api_key(request.headers.get("authorization"))
-            await request.body()  # read (and kept) before listening for a disconnect
+            # Read (and kept) before listening for a disconnect.
+            await read_body(request, state.config.max_request_body_bytes)
             payload, generation = await unless_disconnected(request, handle(arrival))
         except ClientGone:
             metrics.requests.labels(api, "499").inc()
@@ -154,16 +163,35 @@ def build_app(state: RouterState) -> FastAPI:
             return error_response("models", exc)
         data = []
         if state.model is not None and state.pool.serving():
-            data.append(
-                {
-                    "id": state.model.name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "pagoda",
-                    "max_model_len": state.model.limits.max_model_len,
-                }
-            )
+            data.append(model_card(state, int(time.time())))
         return JSONResponse({"object": "list", "data": data})
+
+    def tokenizer_route(path: str, api: str, body_type: type, handle: Callable) -> None:
+        async def endpoint(request: Request) -> Response:
+            try:
+                state.check_api_key(request.headers.get("authorization"))
+                body = parse_request(body_type, await request.body())
+                payload = await handle(state, body)
+            except Exception as exc:
+                return error_response(api, exc)
+            metrics.requests.labels(api, "200").inc()
+            return JSONResponse(payload)
+
+        app.post(path)(endpoint)
+
+    tokenizer_route("/tokenize", "tokenize", TokenizeRequest, tokenize)
+    tokenizer_route("/detokenize", "detokenize", DetokenizeRequest, detokenize)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": VERSION})
+
+    async def ping() -> Response:
+        """vLLM's (and SageMaker's) liveness probe: 200 while a worker serves, else 503."""
+        return await health()
+
+    app.get("/ping")(ping)
+    app.post("/ping")(ping)
 
     @app.get("/health")
     async def health() -> Response:
@@ -175,7 +203,8 @@ def build_app(state: RouterState) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        body = metrics.render() + await worker_metrics.render()
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -187,4 +216,37 @@ def build_app(state: RouterState) -> FastAPI:
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         return JSONResponse(error_body(str(exc), 400), status_code=400)
 
-    return app
+    return RequestLog(
+        app, state.config.enable_request_id_headers, not state.config.disable_log_requests
+    )
+
+
+def model_card(state: RouterState, created: int) -> dict[str, Any]:
+    """The served model as vLLM's /v1/models lists it (its ModelCard fields)."""
+    model = state.model
+    assert model is not None
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "pagoda",
+        "root": model.root,
+        "parent": None,
+        "max_model_len": model.limits.max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{model.name}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }

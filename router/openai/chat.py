@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,6 +9,7 @@ from router.errors import UnsupportedFieldError
 from router.generation import Generation
 from router.openai.chat_message import MessageParser, MessageStream, finish_reason, whole_message
 from router.openai.protocol import ChatCompletionRequest, TextPart
+from router.openai.request_log import new_request_id
 from router.openai.responses import (
     Envelope,
     LogprobFormat,
@@ -150,7 +150,7 @@ class ChatCompletion:
             message.skip_special_tokens = False  # the call markers are special tokens
         plan = await plan_sampling(model, message, [prompt], "messages")
         generation = Generation(
-            model, state.dispatcher, state.metrics, f"chatcmpl-{uuid.uuid4().hex}", plan.prompts,
+            model, state.dispatcher, state.metrics, new_request_id("chatcmpl"), plan.prompts,
             plan.params, plan.text, request.cache_salt, arrival, request.priority,
         )  # fmt: skip
         await generation.start()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from router.generation import Generation
 from router.model import ModelContext
 from router.openai.protocol import CompletionRequest
+from router.openai.request_log import new_request_id
 from router.openai.responses import (
     Envelope,
     LogprobFormat,
@@ -85,7 +85,7 @@ class Completion:
         message = request_message(request, request.max_tokens, logprobs, wanted)
         plan = await plan_sampling(model, message, prompts, "prompt")
         generation = Generation(
-            model, state.dispatcher, state.metrics, f"cmpl-{uuid.uuid4().hex}", plan.prompts,
+            model, state.dispatcher, state.metrics, new_request_id("cmpl"), plan.prompts,
             plan.params, plan.text, request.cache_salt, arrival, request.priority,
         )  # fmt: skip
         await generation.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from shared.errors import InvalidRequestError
 
@@ -48,7 +48,7 @@ class SamplingFields(_Body):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -56,7 +56,7 @@ class SamplingFields(_Body):
     priority: int = 0
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False
     # Output constraints (router/openai/structured_outputs.py); at most one.
@@ -78,7 +78,8 @@ class SamplingFields(_Body):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Strict: JSON's true and 1.0 are not token ids (lax parsing read [[false]] as [[0]]).
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     echo: bool = False
     logprobs: int | None = None

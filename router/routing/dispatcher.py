@@ -11,14 +11,19 @@ open(job)
   -> WorkerStream (the first response and the rest)
 ```
 
-A failure after the first response ends the stream with UnavailableError:
-text already sent to a client cannot be taken back.
+A failure after the first response raises WorkerFailedError from the stream;
+Generation then resumes the request with `resume()`: the same request to another
+worker, with the tokens generated so far as its output_token_ids (the worker
+continues after them exactly, seeded draws included).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -60,6 +65,8 @@ class WorkerJob:
     cache_salt: bytes | None = None
     arrival: float = field(default_factory=time.monotonic)
     priority: int = 0  # the worker's --scheduling-policy priority; lower runs first
+    # Tokens a failed worker generated already (a resumed request; n = 1).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -71,19 +78,35 @@ class Dispatcher:
         self._store = store
         self._metrics = metrics
         self._choice_ttl = config.effective_choice_ttl
+        self.migration_limit = config.migration_limit
         self._background: set[asyncio.Task] = set()
+        # Open generations (router/generation.py), ended at shutdown.
+        self.generations: weakref.WeakSet = weakref.WeakSet()
 
-    async def open(self, job: WorkerJob) -> WorkerStream:
-        prompt = PromptHashes(job.prompt_token_ids, job.cache_salt)
+    async def resume(
+        self, job: WorkerJob, output_token_ids: list[int], failed_address: str
+    ) -> tuple[WorkerJob, WorkerStream]:
+        """The job again, on another worker, continuing after `output_token_ids`."""
+        params = type(job.params)()
+        params.CopyFrom(job.params)
+        params.ClearField("prompt_logprobs")  # the client has them already
+        resumed = dataclasses.replace(job, params=params, output_token_ids=list(output_token_ids))
+        return resumed, await self.open(resumed, exclude=[failed_address])
+
+    async def open(self, job: WorkerJob, exclude: Iterable[str] = ()) -> WorkerStream:
+        # Routed by every token the worker will hold: a resumed job's outputs too.
+        tokens = job.prompt_token_ids + job.output_token_ids
+        prompt = PromptHashes(tokens, job.cache_salt)
         request = wpb.GenerateRequest(
             request_id=job.request_id,
             prompt_token_ids=job.prompt_token_ids,
             sampling_params=job.params,
             priority=job.priority,
+            output_token_ids=job.output_token_ids,
         )
         if job.cache_salt is not None:
             request.cache_salt = job.cache_salt
-        excluded: set[str] = set()
+        excluded: set[str] = set(exclude)
         last_error: Exception | None = None
         for attempt in range(self._config.max_attempts):
             handle, decision = await self._route(prompt, excluded)
@@ -92,7 +115,7 @@ class Dispatcher:
             if attempt:
                 self._metrics.retries.inc()
             self.record(handle, prompt.chain(handle.key.block_size))
-            uncached = max(len(job.prompt_token_ids) - decision.num_matched_tokens, 1)
+            uncached = max(len(tokens) - decision.num_matched_tokens, 1)
             stream = WorkerStream(handle, decision, job, uncached, self._metrics, self._on_end)
             stream.prompt_hashes = prompt
             try:
@@ -166,7 +189,7 @@ class Dispatcher:
             job, block_size = stream.job, stream.handle.key.block_size
             hashes = extend_block_hashes(
                 list(stream.prompt_hashes.chain(block_size)),
-                job.prompt_token_ids + stream.output_token_ids,
+                job.prompt_token_ids + job.output_token_ids + stream.output_token_ids,
                 block_size,
                 job.cache_salt,
             )

@@ -91,7 +91,8 @@ class AffinityStore(ABC):
 
 
 class LocalStore(AffinityStore):
-    """Choice records in this process, least recently recorded dropped first."""
+    """Choice records in this process: expired ones are dropped as new ones come, and
+    beyond `max_hashes_per_worker` the least recently recorded."""
 
     name = "local"
 
@@ -118,9 +119,16 @@ class LocalStore(AffinityStore):
             for old in [k for k in self._records if k[0] == worker.worker_id]:
                 del self._records[old]
         records = self._records.setdefault(key, OrderedDict())
-        expiry = time.monotonic() + ttl_s
+        now = time.monotonic()
+        expiry = now + ttl_s
         for block_hash in hashes:
             records[block_hash] = expiry
             records.move_to_end(block_hash)
-        while len(records) > self._max:
+        # NOTE: records are in the order they were last written, so with one TTL they
+        # are in expiry order: the expired ones are at the front.
+        while records and (len(records) > self._max or next(iter(records.values())) <= now):
             records.popitem(last=False)
+
+    @property
+    def num_records(self) -> int:
+        return sum(len(records) for records in self._records.values())

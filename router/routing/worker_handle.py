@@ -6,8 +6,15 @@ Two tasks keep it current:
 * **watch**: GetModelInfo, then the gRPC health Watch stream. A worker that
   drains says NOT_SERVING at once; one that dies breaks the stream at once.
   Either way it gets no more traffic until a new watch finds it SERVING.
-* **load**: GetLoad every `--load-interval`. Three failed polls in a row (a
-  worker that hangs without closing its connection) count as not serving.
+* **load**: GetLoad every `--load-interval`.
+
+A worker that hangs without closing its connection (SIGSTOP, a stuck host) is
+caught by time, not by counting missed polls: when nothing was heard from it (no
+load report, no health news, no token on any stream) for `--worker-stall-timeout`,
+it counts as not serving and its open streams are interrupted, to be resumed
+elsewhere. A busy worker whose polls are slow keeps streaming tokens, so it is not
+taken for dead. HTTP/2 keepalive pings catch a dead peer the kernel never told us
+about (a host that vanished).
 
 Its load is the last report corrected by this router's own requests since
 (routing/load_estimate.py).
@@ -38,8 +45,12 @@ CHANNEL_OPTIONS = [
     # Reconnect fast after a worker restarts on the same address.
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # The worker's server permits these pings (worker/service/server.py).
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
-MAX_FAILED_LOAD_POLLS = 3
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -50,6 +61,7 @@ class WorkerHandle:
         registry_id: str | None,
         load_interval: float,
         on_change: Callable[[WorkerHandle], None],
+        stall_timeout: float = 15.0,
     ) -> None:
         self.address = address
         self.registry_id = registry_id  # the id the Redis registry lists it under; None: static
@@ -57,7 +69,11 @@ class WorkerHandle:
         self.stub = wpb_grpc.WorkerServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._load_interval = load_interval
+        self._stall_timeout = stall_timeout
         self._on_change = on_change
+        self.last_heard = time.monotonic()
+        # The open streams (WorkerStream), interrupted when the worker hangs.
+        self.streams: set = set()
         self.info: wpb.GetModelInfoResponse | None = None
         self.is_serving = False
         self.load = LoadEstimate()
@@ -107,6 +123,10 @@ class WorkerHandle:
         self.load.ended(ticket, time.monotonic())
         self.num_in_flight -= 1
 
+    def heard(self) -> None:
+        """The worker said something (a report, health news, a token): it is alive."""
+        self.last_heard = time.monotonic()
+
     def mark_failed(self) -> None:
         """A call failed as if the worker were gone: no traffic until a fresh health
         watch finds it SERVING (the watch only speaks on changes, so restart it)."""
@@ -133,12 +153,14 @@ class WorkerHandle:
         while True:
             try:
                 info = await self.stub.GetModelInfo(wpb.GetModelInfoRequest(), timeout=5)
+                self.heard()
                 if self.info is None or info.epoch != self.info.epoch:
                     self.info, self.load = info, LoadEstimate()
                     self._on_change(self)
                 watch = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
                 try:
                     async for status in watch:
+                        self.heard()
                         self._set_serving(status.status == _SERVING)
                         backoff = 0.1
                 finally:  # also when mark_failed() cancels this task
@@ -150,7 +172,6 @@ class WorkerHandle:
             backoff = min(backoff * 2, 1.0)
 
     async def _poll_load(self) -> None:
-        failures = 0
         while True:
             await asyncio.sleep(self._load_interval)
             if self.info is None:
@@ -161,10 +182,28 @@ class WorkerHandle:
                     wpb.GetLoadRequest(), timeout=max(1.0, 2 * self._load_interval)
                 )
             except grpc.aio.AioRpcError:
-                failures += 1
-                if failures >= MAX_FAILED_LOAD_POLLS and self.is_serving:
-                    logger.warning("worker %s stopped answering; not routing to it", self.address)
-                    self.mark_failed()
+                self._check_stalled()
                 continue
-            failures = 0
+            self.heard()
             self.load.update(report, asked_at)
+
+    def _check_stalled(self) -> None:
+        silent = time.monotonic() - self.last_heard
+        if silent <= self._stall_timeout or not (self.is_serving or self.streams):
+            return
+        logger.warning(
+            "worker %s at %s sent nothing for %.1f s (--worker-stall-timeout %g); "
+            "not routing to it, moving its %d open streams",
+            self.worker_id,
+            self.address,
+            silent,
+            self._stall_timeout,
+            len(self.streams),
+        )
+        self.mark_failed()
+        reason = (
+            f"worker {self.worker_id} sent nothing for {silent:.1f} s "
+            f"(--worker-stall-timeout {self._stall_timeout:g})"
+        )
+        for stream in list(self.streams):
+            stream.interrupt_stalled(reason)

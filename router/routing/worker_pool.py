@@ -67,7 +67,13 @@ class WorkerPool:
         ]
 
     def _add(self, address: str, registry_id: str | None) -> None:
-        handle = WorkerHandle(address, registry_id, self._config.load_interval, self._changed)
+        handle = WorkerHandle(
+            address,
+            registry_id,
+            self._config.load_interval,
+            self._changed,
+            self._config.worker_stall_timeout,
+        )
         self._handles[address] = handle
         handle.start()
         logger.info("watching worker %s at %s", registry_id or "(static)", address)

@@ -1,8 +1,14 @@
 """One open Generate call: its first response, then the rest, with the worker's
-in-flight accounting and the latency metrics kept on the way."""
+in-flight accounting and the latency metrics kept on the way.
+
+A call can be interrupted from outside: its worker hung (WorkerHandle's stall
+rule; the request moves elsewhere) or the router is shutting down (the stream
+ends with an error). The read in progress then raises that error.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -27,7 +33,8 @@ if TYPE_CHECKING:
 
 
 class WorkerFailedError(UnavailableError):
-    """The worker failed after its first response: what it sent stands, the rest is lost."""
+    """The worker failed after its first response: what it sent stands; the rest is
+    generated elsewhere (Generation resumes it) or lost."""
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> PagodaError:
@@ -72,6 +79,9 @@ class WorkerStream:
         self.output_token_ids: list[int] = []
         self._last_token_at: float | None = None
         self.prompt_hashes: PromptHashes | None = None  # set by the dispatcher
+        # Why the call was interrupted, and whether another worker may take it over.
+        self._interrupted: PagodaError | None = None
+        self._is_retryable = False
 
     @property
     def worker_id(self) -> str:
@@ -87,10 +97,19 @@ class WorkerStream:
         self._ticket = self.handle.begin(self._num_prefill_tokens, num_seqs)
         self._gauge()
         self._call = self.handle.stub.Generate(request)
+        self.handle.streams.add(self)
         try:
-            first = await self._call.read()
-        except BaseException:  # a failure, or the client gave up waiting (cancelled)
+            first = await self._read()
+        except BaseException as exc:  # a failure, or the client gave up waiting (cancelled)
             self.close()
+            if exc is self._interrupted and self._is_retryable:
+                # Like a worker that failed before its first token: the dispatcher retries.
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details=str(exc),
+                ) from None
             raise
         if first is grpc.aio.EOF:  # the worker closed the stream without a word
             self.close()
@@ -106,7 +125,7 @@ class WorkerStream:
             yield self.first
             while True:
                 try:
-                    response = await self._call.read()
+                    response = await self._read()
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:
                         self.handle.mark_failed()
@@ -128,7 +147,32 @@ class WorkerStream:
             self._call.cancel()
         self._finish()
 
+    def interrupt(self, error: PagodaError, is_retryable: bool = False) -> None:
+        """End the call from outside: the read in progress raises `error`."""
+        if self._call is None or self._call.done() or self._interrupted is not None:
+            return
+        self._interrupted, self._is_retryable = error, is_retryable
+        self._call.cancel()
+
+    def interrupt_stalled(self, reason: str) -> None:
+        """The worker hung: the request is to move to another one."""
+        self.interrupt(WorkerFailedError(f"{reason}; the output is incomplete"), True)
+
+    async def _read(self) -> wpb.GenerateResponse:
+        assert self._call is not None
+        try:
+            return await self._call.read()
+        except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
+            task = asyncio.current_task()
+            cancelled_here = isinstance(exc, asyncio.CancelledError) and (
+                task is not None and task.cancelling()
+            )
+            if self._interrupted is None or cancelled_here:
+                raise
+            raise self._interrupted from None
+
     def _observe(self, response: wpb.GenerateResponse) -> None:
+        self.handle.heard()
         if not any(o.token_ids for o in response.outputs):
             return
         now = time.monotonic()
@@ -142,6 +186,7 @@ class WorkerStream:
                 self.output_token_ids.extend(output.token_ids)
 
     def _finish(self) -> None:
+        self.handle.streams.discard(self)
         if self._ticket is not None:
             self.handle.end(self._ticket)
             self._ticket = None

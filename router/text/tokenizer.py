@@ -88,6 +88,11 @@ class Tokenizer:
         return cls(backend, config, _find_chat_template(folder, config))
 
     @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary piece: no token stands for more text."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+
+    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 

@@ -28,6 +28,7 @@ from tests.redis_server import RedisServer
 
 API_KEY = "test-key"
 MODEL = "tiny"
+MAX_TOKENS_PER_REQUEST = 8192
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +68,10 @@ def serving(args: list[str], log_path: Path, num_workers: int) -> Iterator[Serve
 
 @pytest.fixture(scope="session")
 def served(make_checkpoint, tmp_path_factory):
-    """`pagoda serve` with two workers; no Redis (its embedded store)."""
+    """`pagoda serve` with two workers; no Redis (its embedded store); X-Request-Id echoed."""
     args = [str(make_checkpoint("llama")), "--num-workers=2", f"--served-model-name={MODEL}"]
-    args += [f"--api-key={API_KEY}", *ENGINE_FLAGS]
+    args += [f"--api-key={API_KEY}", "--enable-request-id-headers"]
+    args += [f"--max-tokens-per-request={MAX_TOKENS_PER_REQUEST}", *ENGINE_FLAGS]
     with serving(args, tmp_path_factory.mktemp("serve") / "serve.log", 2) as served:
         yield served
 

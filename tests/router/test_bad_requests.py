@@ -40,6 +40,13 @@ CASES = [
     (COMPLETIONS, body(prompt="x", logit_bias={"99999": 1}), None, 400, "logit_bias", None, ["99999", "vocabulary"]),
     (COMPLETIONS, body(prompt=[70000]), None, 400, "prompt", None, ["70000", "vocabulary"]),
     (COMPLETIONS, body(prompt=[]), None, 400, "prompt", None, ["empty"]),
+    (COMPLETIONS, body(prompt=[[False]]), None, 400, "prompt", None, []),
+    (COMPLETIONS, body(prompt=[True, 5]), None, 400, "prompt", None, []),
+    (COMPLETIONS, body(prompt="x", stop_token_ids=[1.0]), None, 400, "stop_token_ids.0", None, ["integer"]),
+    (COMPLETIONS, body(prompt="x", n=40, max_tokens=250), None, 400, "max_tokens", None, ["10000", "8192", "--max-tokens-per-request"]),
+    (COMPLETIONS, body(prompt=["x", "y"], n=20, max_tokens=210), None, 400, "max_tokens", None, ["210+210", "8400"]),
+    (COMPLETIONS, body(prompt="word " * 100_000), None, 400, "prompt", "context_length_exceeded", ["500000 characters", "--max-prompt-chars"]),
+    (CHAT, body(messages=[{"role": "user", "content": "word " * 100_000}]), None, 400, "messages", "context_length_exceeded", ["500000 characters"]),
     (COMPLETIONS, body(prompt="x", stop=["a"] * 65), None, 400, "stop", None, ["64"]),
     (COMPLETIONS, body(prompt="x", bogus=1), None, 400, "bogus", None, ["unrecognized"]),
     (COMPLETIONS, body(prompt="x", suffix="y"), None, 400, "suffix", "unsupported_parameter", ["not supported"]),
@@ -93,6 +100,57 @@ def test_bad_request_gets_its_status_and_an_openai_body(
     )
     for word in words:
         assert word in error["message"], error["message"]
+
+
+def test_a_body_that_is_not_json_or_too_large_is_refused_before_parsing(http, served):
+    raw = body(prompt="x", max_tokens=2)
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        response = http.post(
+            COMPLETIONS, content=raw, headers={**served.headers, "content-type": content_type}
+        )
+        assert response.status_code == 415, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_media_type" and content_type in error["message"]
+    # JSON with a charset, and a body that says nothing of its type, are read as JSON.
+    for content_type in ("application/json; charset=utf-8", None):
+        headers = {**served.headers, **({"content-type": content_type} if content_type else {})}
+        assert http.post(COMPLETIONS, content=raw, headers=headers).status_code == 200
+    huge = b'{"model": "tiny", "prompt": "' + b"x" * (33 * 2**20) + b'"}'
+    response = http.post(COMPLETIONS, content=huge, headers=served.headers)
+    assert response.status_code == 413, response.text
+    assert "--max-request-body-bytes" in response.json()["error"]["message"]
+
+
+def test_a_huge_prompt_is_refused_at_once_and_streams_beside_it_keep_flowing(http, served):
+    """10 MB of text would take seconds to tokenize; it is refused by its length, and
+    the event loop never stops serving a running stream or /health meanwhile."""
+    import threading
+    import time
+
+    gaps: list[float] = []
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST", f"{served.base_url}{COMPLETIONS}", headers=served.headers,
+            json={"model": MODEL, "prompt": "go", "max_tokens": 200, "ignore_eos": True,
+                  "stream": True}, timeout=60,
+        ) as response:  # fmt: skip
+            last = time.monotonic()
+            for _ in response.iter_lines():
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    huge = json.dumps({"model": MODEL, "prompt": "lorem ipsum " * 900_000})  # ~10 MB
+    started = time.monotonic()
+    response = http.post(COMPLETIONS, content=huge, headers=served.headers)
+    refused_in = time.monotonic() - started
+    reader.join(60)
+    assert response.status_code == 400 and "--max-prompt-chars" in response.text
+    assert refused_in < 5, refused_in  # not tokenized: parsing 10 MB of JSON is all it costs
+    assert len(gaps) > 100 and max(gaps[1:]) < 5, max(gaps[1:])
 
 
 def test_the_server_keeps_serving_after_bad_requests(http, served):

@@ -50,18 +50,16 @@ def test_serve_needs_only_a_model(monkeypatch):
     assert dataclass_from_args(RouterConfig, args).redis_url is None  # the embedded store
 
 
-def test_workers_get_the_engine_flags_serve_was_given(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+def test_workers_get_the_engine_flags_serve_was_given():
     argv = ["m", "--block-size=8", "--no-enable-prefix-caching", "--max-num-seqs=3"]
     argv += ["--kv-cache-memory=1GiB", "--served-model-name=x", "--heartbeat-ttl=3"]
     args = subparser(["serve"]).parse_args(argv)
     engine = EngineConfig.from_cli_args(args)
     service = dataclass_from_args(WorkerServiceConfig, args)
-    child = subparser(["worker"]).parse_args(worker_flags(engine, service, num_workers=2))
+    child = subparser(["worker"]).parse_args(worker_flags(engine, service))
     child_engine = EngineConfig.from_cli_args(child)
-    # The workers split the cores; everything else arrives as given.
-    assert child_engine.device.cpu_threads == 4
-    assert dataclasses.replace(child_engine, device=engine.device) == engine
+    # Everything arrives as given (cores are per child: WorkerChildren adds them).
+    assert child_engine == engine
     assert dataclass_from_args(WorkerServiceConfig, child).heartbeat_ttl == 3
 
 

@@ -1,5 +1,6 @@
 """A worker that fails, on purpose: before its first token the request moves to another
-worker unseen; after it, a stream ends with a clear error and a whole answer is retried.
+worker unseen; after it, the request is resumed on another worker with the tokens
+already sent, and the client's stream goes on.
 
 The failing worker is a fault-injecting gRPC server in this process that announces the
 same model as a real worker of `pagoda serve` (and reports SERVING); the router is a
@@ -96,19 +97,31 @@ def test_a_failure_before_the_first_token_moves_the_request_unseen(faulty_cluste
     assert retries(router) >= retries_before + (faulty.num_calls - calls_before)
 
 
-def test_a_failure_after_the_first_token_ends_a_stream_clearly(faulty_cluster):
+def migrations(router) -> float:
+    text = httpx.get(f"{router.base_url}/metrics", timeout=5).text
+    return float(re.search(r"^pagoda_router_migrations_total ([0-9.]+)$", text, re.M).group(1))
+
+
+def test_a_failure_after_the_first_token_resumes_the_request_elsewhere(faulty_cluster):
     faulty, router, client = faulty_cluster
-    faulty.mode = "after"
-    # Whole answers: nothing was sent yet, so the request is retried elsewhere.
+    faulty.mode, moved = "after", migrations(router)
+    # Whole answers: the faulty worker's token stands; the real worker generates the rest.
     whole = client.completions.with_raw_response.create(model=MODEL, prompt="whole", max_tokens=4)
     assert whole.headers["x-pagoda-worker"] != "a-faulty"
     assert whole.parse().usage.completion_tokens == 4
+    assert whole.parse().choices[0].finish_reason == "length"
     # (The failure took it out of rotation until its health watch said SERVING again.)
     wait_serving(router.process, router.base_url, 2)
-    # A stream that already carries the faulty worker's token cannot be taken back.
+    # A stream that already carries the faulty worker's token goes on from it, unbroken.
     with client.completions.with_streaming_response.create(
-        model=MODEL, prompt="stream", max_tokens=4, stream=True
+        model=MODEL,
+        prompt="stream",
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
     ) as raw:
         assert raw.headers["x-pagoda-worker"] == "a-faulty"
-        with pytest.raises(openai.APIError, match="failed after the response started"):
-            list(raw.parse())
+        chunks = list(raw.parse())
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 4
+    assert migrations(router) == moved + 2

@@ -49,3 +49,23 @@ def test_bad_flag_value_fails_with_a_message(make_checkpoint):
     )
     assert result.returncode == 2
     assert "not a memory size" in result.stderr
+
+
+def test_generate_with_two_tensor_parallel_ranks_gives_the_same_tokens(make_checkpoint):
+    from worker import LLM, SamplingParams
+
+    path = make_checkpoint("qwen2")
+    flags = ["--prompt", "Hello there", "--max-tokens", "6", "--max-model-len", "64", "--json"]
+    result = run_cli("generate", str(path), "-tp", "2", "--num-kv-blocks", "32", *flags)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    llm = LLM(str(path), max_model_len=64, num_kv_blocks=32)
+    (want,) = llm.generate(["Hello there"], SamplingParams(temperature=0, max_tokens=6))
+    assert record["token_ids"] == want.outputs[0].token_ids
+    assert "x 2 ranks" in result.stderr
+
+
+def test_a_tensor_parallel_size_that_does_not_fit_exits_2_naming_those_that_do(make_checkpoint):
+    result = run_cli("generate", str(make_checkpoint("qwen2")), "--prompt", "x", "-tp", "3")
+    assert result.returncode == 2
+    assert "sizes that work: 1, 2, 4" in result.stderr

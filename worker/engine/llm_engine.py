@@ -57,9 +57,14 @@ class LLMEngine:
         return SamplingParams(**self.sampling_defaults)
 
     def validate(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        priority: int = 0,
+        output_token_ids: Sequence[int] = (),
     ) -> int:
-        """Check a request against this model; return its effective max_tokens."""
+        """Check a request against this model; return its effective max_tokens.
+        output_token_ids: what a failed worker generated already (a resumed request)."""
         if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
             # As vLLM: a priority that could not change anything is an error, not ignored.
             raise InvalidRequestError(
@@ -94,7 +99,32 @@ class LLMEngine:
             )
         if params.min_tokens > max_tokens:
             raise InvalidRequestError("min_tokens", f"must be <= max_tokens ({max_tokens})")
+        if output_token_ids:
+            self._validate_resumed(output_token_ids, params, max_tokens)
         return max_tokens
+
+    def _validate_resumed(
+        self, output_token_ids: Sequence[int], params: SamplingParams, max_tokens: int
+    ) -> None:
+        if params.n != 1:
+            raise InvalidRequestError(
+                "output_token_ids", f"resumes one sample: n must be 1, got {params.n}"
+            )
+        if params.prompt_logprobs is not None:
+            raise InvalidRequestError(
+                "output_token_ids", "a resumed request cannot ask for prompt_logprobs again"
+            )
+        vocab = self.vocab_size
+        bad = next((t for t in output_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                "output_token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})"
+            )
+        if len(output_token_ids) >= max_tokens:
+            raise InvalidRequestError(
+                "output_token_ids",
+                f"{len(output_token_ids)} tokens already reach max_tokens ({max_tokens}): nothing is left to generate",
+            )
 
     def add_request(
         self,
@@ -105,13 +135,15 @@ class LLMEngine:
         cache_salt: bytes | None = None,
         arrival_time: float | None = None,
         grammar: Any = None,
+        output_token_ids: Sequence[int] = (),
     ) -> None:
         """grammar: params.structured_outputs compiled (`self.grammars`); compiled here,
         blocking, when not given."""
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         prompt = [int(t) for t in prompt_token_ids]
-        max_tokens = self.validate(prompt, params, priority)
+        outputs = [int(t) for t in output_token_ids]
+        max_tokens = self.validate(prompt, params, priority, outputs)
         if params.structured_outputs is not None and grammar is None:
             grammar = self.grammars.compile(params.structured_outputs)
         cache = self.config.cache
@@ -134,6 +166,7 @@ class LLMEngine:
                 block_size=cache.block_size if cache.enable_prefix_caching else None,
                 cache_salt=cache_salt,
                 grammar=grammar,
+                output_token_ids=outputs,
             )
             self._parent_of[child_id] = (request_id, index)
             self.core.add_request(request)
@@ -147,6 +180,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank processes, if any; safe to call twice."""
+        self.core.shutdown()
 
     def step(self) -> EngineStepOutput:
         """One engine step; deltas come back under the parent id with their sample index."""

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from worker.layers.quantization import cpu_packed
+from worker.layers import cpu_packed
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -34,7 +34,9 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         end = min(self.vocab_end, self.num_embeddings)
-        param.data[: end - self.vocab_start].copy_(loaded[self.vocab_start : end])
+        # narrow(): a CheckpointSlice reads only this rank's rows.
+        rows = loaded.narrow(0, self.vocab_start, end - self.vocab_start)
+        param.data[: end - self.vocab_start].copy_(rows)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

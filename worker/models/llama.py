@@ -18,16 +18,24 @@ from worker.layers.attention import Attention
 from worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from worker.layers.layernorm import RMSNorm
 from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from worker.layers.quantization import QuantizationConfig
 from worker.layers.rotary import get_rope
 from worker.models.spec import ModelSpec
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, quant_config: QuantizationConfig | None, prefix: str):
         super().__init__()
         inter = spec.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter])
-        self.down_proj = RowParallelLinear(inter, spec.hidden_size)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            spec.hidden_size,
+            [inter, inter],
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            inter, spec.hidden_size, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,17 +47,34 @@ class LlamaMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, spec: ModelSpec, layer_idx: int, max_position: int, qkv_bias: bool, qk_norm: bool
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        max_position: int,
+        qkv_bias: bool,
+        qk_norm: bool,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
     ) -> None:
         super().__init__()
         head_dim = spec.head_dim
         self.qkv_proj = QKVParallelLinear(
-            spec.hidden_size, head_dim, spec.num_heads, spec.num_kv_heads, bias=qkv_bias
+            spec.hidden_size,
+            head_dim,
+            spec.num_heads,
+            spec.num_kv_heads,
+            bias=qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(
-            spec.num_heads * head_dim, spec.hidden_size, bias=spec.attention_bias
+            spec.num_heads * head_dim,
+            spec.hidden_size,
+            bias=spec.attention_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
         )
         self.head_dim = head_dim
         self.qk_norm = qk_norm
@@ -77,10 +102,21 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int, max_position: int, qkv_bias, qk_norm):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        max_position: int,
+        qkv_bias,
+        qk_norm,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(spec, layer_idx, max_position, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(spec)
+        self.self_attn = LlamaAttention(
+            spec, layer_idx, max_position, qkv_bias, qk_norm, quant_config, f"{prefix}.self_attn"
+        )
+        self.mlp = LlamaMLP(spec, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -98,11 +134,20 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, spec: ModelSpec, max_position: int, qkv_bias: bool, qk_norm: bool):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        max_position: int,
+        qkv_bias: bool,
+        qk_norm: bool,
+        quant_config: QuantizationConfig | None,
+    ):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(spec, i, max_position, qkv_bias, qk_norm)
+            LlamaDecoderLayer(
+                spec, i, max_position, qkv_bias, qk_norm, quant_config, f"model.layers.{i}"
+            )
             for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -125,12 +170,14 @@ class LlamaForCausalLM(nn.Module):
         "gate_up_proj": [("gate_proj", 0), ("up_proj", 1)],
     }
 
-    def __init__(self, spec: ModelSpec, max_position: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, max_position: int, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.tp_size = get_tp_size()
         qkv_bias = spec.attention_bias if self.qkv_bias is None else self.qkv_bias
-        self.model = LlamaModel(spec, max_position, qkv_bias, self.qk_norm)
+        self.model = LlamaModel(spec, max_position, qkv_bias, self.qk_norm, quant_config)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         if spec.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

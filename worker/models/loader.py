@@ -12,6 +12,9 @@ from torch import nn
 
 from shared.errors import ConfigError
 from shared.logging import get_logger
+from worker.distributed import get_tp_size
+from worker.layers.quantization import QuantizationConfig
+from worker.models.checkpoint_slice import CheckpointSlice, materialize
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
 
@@ -56,11 +59,14 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_checkpoint_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint_tensors(
+    path: Path, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | CheckpointSlice]]:
+    """lazy: yield unread slices, so each weight loader reads only its shard."""
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                yield name, CheckpointSlice(f, name) if lazy else f.get_tensor(name)
 
 
 def checkpoint_bytes(path: Path) -> int:
@@ -74,7 +80,10 @@ def load_weights(model: nn.Module, path: Path) -> None:
     expected = {name: len(packed.get(name.split(".")[-2], [None])) for name in params}
     loaded: dict[str, int] = {}
     tied = model.spec.tie_word_embeddings
-    for name, tensor in iter_checkpoint_tensors(path):
+    # Under tensor parallelism a rank reads only its slice of each tensor; at size 1
+    # every loader keeps the whole tensor anyway.
+    lazy = get_tp_size() > 1
+    for name, tensor in iter_checkpoint_tensors(path, lazy):
         if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
             continue
         target, shard_id = name, None
@@ -88,9 +97,10 @@ def load_weights(model: nn.Module, path: Path) -> None:
                 f"checkpoint tensor {name!r} has no parameter in {model.spec.architecture}"
             )
         loader = getattr(param, "weight_loader", None)
-        tensor = tensor.to(param.dtype)
+        if not lazy:
+            tensor = tensor.to(param.dtype)
         if loader is None:
-            param.data.copy_(tensor)
+            param.data.copy_(materialize(tensor))
         else:
             loader(param, tensor, shard_id)
         loaded[target] = loaded.get(target, 0) + 1
@@ -105,14 +115,25 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 def build_model(
-    spec: ModelSpec, dtype: torch.dtype, device: torch.device, max_position: int
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_position: int,
+    quant_config: QuantizationConfig | None = None,
 ) -> nn.Module:
+    """The model of `spec` with its weights loaded; `quant_config` (from
+    `resolve_quantization`) gives its linear layers their storage format."""
     model_cls = get_model_class(spec.architecture)
+    if quant_config is not None:
+        packed = getattr(model_cls, "packed_modules_mapping", {})
+        quant_config.packed_modules = {
+            fused: [part for part, _ in parts] for fused, parts in packed.items()
+        }
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = model_cls(spec, max_position)
+            model = model_cls(spec, max_position, quant_config)
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, spec.path)

@@ -8,7 +8,7 @@ Both the current Hugging Face layout (`rope_parameters`, `dtype`,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     checkpoint_dtype: torch.dtype
+    # config.json's quantization_config as written (None: a dense checkpoint).
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
     def from_folder(cls, path: Path) -> ModelSpec:
@@ -78,12 +80,15 @@ class ModelSpec:
             checkpoint_dtype=_DTYPES.get(
                 str(cfg.get("dtype") or cfg.get("torch_dtype")), torch.float32
             ),
+            quantization_config=cfg.get("quantization_config"),
         )
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """K and V of one token over all layers."""
+    def kv_bytes_per_token(self, dtype: torch.dtype, tp_size: int = 1) -> int:
+        """K and V of one token over all layers, in one of `tp_size` ranks' caches
+        (a rank holds num_kv_heads / tp_size heads, or one replicated head)."""
         element = torch.tensor([], dtype=dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        kv_heads = max(1, self.num_kv_heads // tp_size)
+        return 2 * self.num_layers * kv_heads * self.head_dim * element
 
 
 def _rope_spec(cfg: dict[str, Any]) -> RopeSpec:

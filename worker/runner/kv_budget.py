@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from shared.errors import ConfigError
+from shared.logging import get_logger
 from worker.config import CacheConfig
 from worker.models.spec import ModelSpec
 from worker.runner.gpu_memory import GPUMemoryProfile
+
+logger = get_logger(__name__)
+_GPU_UTILIZATION_DEFAULT = next(
+    f.default for f in dataclasses.fields(CacheConfig) if f.name == "gpu_memory_utilization"
+)
 
 _CPU_DEFAULT_FRACTION = 0.5
 # On CPU the KV cache shares RAM with everything else on the machine (and with
@@ -73,10 +80,19 @@ def plan_kv_cache(
     max_model_len: int,
     tp_size: int = 1,
     gpu_profile: GPUMemoryProfile | None = None,
+    num_local_ranks: int = 1,
 ) -> KVBudget:
-    """gpu_profile: on a GPU, the start-up profile (gpu_memory.py); it sizes the
-    cache unless --num-kv-blocks or --kv-cache-memory does."""
-    bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype) // tp_size
+    """One rank's cache (its own KV heads). gpu_profile: on a GPU, the start-up
+    profile (gpu_memory.py); it sizes the cache unless --num-kv-blocks or
+    --kv-cache-memory does. num_local_ranks: ranks sharing this machine's RAM,
+    which split the CPU default between them."""
+    if device.type == "cpu" and cache.gpu_memory_utilization != _GPU_UTILIZATION_DEFAULT:
+        logger.warning(
+            "--gpu-memory-utilization sizes a GPU's memory and does nothing on CPU; here "
+            "--kv-cache-memory (e.g. 4GiB, vLLM's VLLM_CPU_KVCACHE_SPACE) or "
+            "--kv-cache-memory-fraction sizes the KV cache"
+        )
+    bytes_per_block = cache.block_size * spec.kv_bytes_per_token(dtype, tp_size)
     if cache.num_kv_blocks is not None:
         num_blocks = cache.num_kv_blocks
     elif cache.kv_cache_memory is not None:
@@ -94,6 +110,8 @@ def plan_kv_cache(
         kv_bytes = int(available_memory(device) * fraction)
         if device.type == "cpu" and cache.kv_cache_memory_fraction is None:
             kv_bytes = min(kv_bytes, _CPU_DEFAULT_CAP)
+        if device.type == "cpu":
+            kv_bytes //= num_local_ranks
         num_blocks = kv_bytes // bytes_per_block
     budget = KVBudget(
         weights_bytes, bytes_per_block, num_blocks, cache.block_size, max_model_len, gpu_profile

@@ -17,6 +17,7 @@ from worker.attention.forward_context import forward_context
 from worker.attention.metadata import BatchLayout
 from worker.config import EngineConfig
 from worker.layers.attention import Attention
+from worker.layers.quantization import resolve_quantization
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
@@ -49,7 +50,9 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.cache.block_size
         max_position = max(max_model_len, spec.max_position_embeddings)
-        self.model = build_model(spec, dtype, device, max_position)
+        # Resolved before anything loads: an unservable format fails at start.
+        quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
+        self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.backend = get_attention_backend(config.device.attention_backend, device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.requests: dict[str, RequestState] = {}
@@ -168,7 +171,7 @@ class ModelRunner:
             seed = new.sampling_params.seed
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id,
-                token_ids=list(new.prompt_token_ids),
+                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
                 block_ids=list(new.block_ids),
@@ -176,6 +179,10 @@ class ModelRunner:
                 generator=None if seed is None else torch.Generator(self.device).manual_seed(seed),
                 grammar=None if new.grammar is None else GrammarState(new.grammar),
             )
+            state = self.requests[new.req_id]
+            if state.grammar is not None and new.output_token_ids:
+                # Resumed from a failed worker: its matcher walks the tokens made there.
+                state.grammar.rebuild(state.output_token_ids)
         for cached in output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.resumed_from_preemption:

@@ -8,6 +8,13 @@ from pathlib import Path
 import torch
 
 from shared import env
+from shared.cpu_cores import (
+    allowed_cores,
+    format_core_list,
+    node_of,
+    parse_core_list,
+    pin_process,
+)
 from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.config import DeviceConfig, ModelConfig
@@ -27,10 +34,27 @@ def resolve_device(config: DeviceConfig) -> torch.device:
 
 
 def configure_cpu_threads(config: DeviceConfig) -> int:
-    """Use the cores this process may run on (or --cpu-threads of them), and warn
-    when the machine is already busy: shared cores make every step slower."""
+    """Use the cores this process may run on (--cpu-cores pins every thread of the
+    process to those first; --cpu-threads of them), say which, and warn when the
+    machine is already busy: shared cores make every step slower."""
+    if config.cpu_cores is not None:
+        wanted = parse_core_list(config.cpu_cores)
+        outside = sorted(set(wanted) - set(allowed_cores()))
+        if outside:
+            raise ConfigError(
+                f"--cpu-cores {config.cpu_cores} names cores this process may not use "
+                f"({format_core_list(outside)}); allowed: {format_core_list(allowed_cores())}"
+            )
+        pin_process(wanted)
     cores = sorted(os.sched_getaffinity(0))
     threads = config.cpu_threads or env.cpu_threads() or len(cores)
+    node = node_of(cores)
+    logger.info(
+        "CPU: %d compute threads on cores %s%s",
+        threads,
+        format_core_list(cores),
+        "" if node is None else f" (NUMA node {node})",
+    )
     if threads < len(cores):
         # Pin to the first `threads` cores so torch's pool does not migrate.
         os.sched_setaffinity(0, cores[:threads])

@@ -77,7 +77,7 @@ def build_sampling_metadata(
         top_p=column([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None,
         min_p=column([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None,
         generators={
-            i: s.generator
+            i: s.step_generator()
             for i, s in enumerate(states)
             if s.generator is not None and not greedy[i]
         },

@@ -23,6 +23,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hit
     grammar: Any = None  # compiled, when sampling_params.structured_outputs is set
+    # Tokens generated before the request came here (resumed from a failed worker).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ class Scheduler:
                         block_ids,
                         num_hit,
                         request.grammar,
+                        list(request.output_token_ids),
                     )
                 )
 

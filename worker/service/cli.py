@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import signal
 
 from shared.cli_args import add_dataclass_args, dataclass_from_args
 from shared.errors import ConfigError, UnavailableError
 from shared.logging import get_logger
+from shared.vllm_flags import add_vllm_habit_flags
 from worker.config import EngineConfig
 from worker.service.config import WorkerServiceConfig
+from worker.service.parent_watch import watch_parent
 
 logger = get_logger(__name__)
 
@@ -18,10 +22,16 @@ logger = get_logger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     EngineConfig.add_cli_args(parser, positional_model=False)
     add_dataclass_args(parser, WorkerServiceConfig)
+    add_vllm_habit_flags(parser)
+
+
+class StoppedWhileLoading(Exception):
+    """A signal came before the engine was up: nothing to drain, nothing to wait for."""
 
 
 async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int:
-    """Serve until SIGTERM or SIGINT, then drain; a second signal stops waiting."""
+    """Serve until SIGTERM or SIGINT, then drain; a second signal stops waiting.
+    A signal while the model still loads (or its kernels compile) stops at once."""
     from worker.service.server import WorkerServer
 
     server = WorkerServer(engine_config, config)
@@ -36,12 +46,28 @@ async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    starting = asyncio.ensure_future(server.start())
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # NOTE: the engine thread may sit in C++ (weights, a kernel build) for minutes
+        # and cannot be interrupted; the process ends around it (run() exits hard).
+        starting.cancel()
+        raise StoppedWhileLoading
     try:
-        await server.start()
+        starting.result()
     except BaseException:
+        signalled.cancel()
         await server.stop()
         raise
-    await stop.wait()
+    failed = asyncio.ensure_future(server.failed.wait())
+    await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+    if server.failed.is_set():
+        signalled.cancel()
+        logger.error("the engine cannot run any more: stopping the worker")
+        await server.drain_and_stop(timeout=5.0)  # its streams have already ended
+        return 1
+    failed.cancel()
     logger.info("shutting down")
     await server.drain_and_stop()
     return 0
@@ -54,6 +80,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
+    if config.parent_pid is not None:
+        watch_parent(config.parent_pid)
+    if engine_config.parallel.node_rank > 0:  # a multi-node group's other machines
+        from worker.executor.remote_node import run_node
+
+        try:
+            return run_node(engine_config)
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            return 2
     try:
         import uvloop
 
@@ -65,3 +101,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
+    except StoppedWhileLoading:
+        logger.info("stopped while loading the model: exiting without waiting for it")
+        logging.shutdown()
+        os._exit(0)

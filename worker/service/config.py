@@ -43,10 +43,26 @@ class WorkerServiceConfig:
         default=30.0,
         metadata={"help": "Seconds in-flight requests get to finish after SIGTERM."},
     )
+    metrics_port: int | None = field(
+        default=None,
+        metadata={
+            "help": "HTTP port serving GET /metrics (Prometheus, vLLM's metric names; "
+            "0: any free port; default: none)."
+        },
+    )
+    parent_pid: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop (as on SIGTERM) when the process with this id is gone; "
+            "pagoda serve sets it for its workers."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be in [0, 65535], got {self.metrics_port}")
         if self.heartbeat_ttl <= 0:
             raise ConfigError(f"--heartbeat-ttl must be > 0, got {self.heartbeat_ttl}")
         if self.max_waiting < 1:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,9 +36,11 @@ from shared.errors import CapacityError, PagodaError
 from shared.logging import get_logger
 from shared.sampling_params import SamplingParams
 from worker.engine.llm_engine import LLMEngine
+from worker.executor import ExecutorFailure
 from worker.kv_cache.block_pool import KVCacheEvent
 from worker.outputs import RequestDelta
 from worker.service.load import LoadTracker, queued_prefill_tokens
+from worker.service.metrics import WorkerMetrics
 
 logger = get_logger(__name__)
 
@@ -56,6 +59,7 @@ class _Add:
     params: SamplingParams
     priority: int
     cache_salt: bytes | None
+    output_token_ids: list[int]
     grammar: Any = None
 
 
@@ -68,6 +72,11 @@ class _Abort:
 class _Call:
     fn: Callable[[LLMEngine], Any]
     future: Future
+
+
+@dataclass
+class _Failed:
+    error: ExecutorFailure
 
 
 _STOP = object()
@@ -90,8 +99,9 @@ class EngineLoop:
         self._loop = loop
         self._deliver = deliver
         self._load = load
-        self._max_waiting = max_waiting
+        self.max_waiting = max_waiting
         self.on_kv_events = on_kv_events  # set before requests arrive; read between steps
+        self.metrics: WorkerMetrics | None = None  # likewise
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: Batch = []
         # engine id -> samples not finished yet
@@ -100,6 +110,8 @@ class EngineLoop:
         self._is_load_stale = False
         # Set when a failed step left the engine in a state it cannot vouch for.
         self.is_broken = False
+        # Set when the model's ranks are gone: the worker must stop (server.py).
+        self.fatal_error: ExecutorFailure | None = None
         self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
 
     # ---- called from other threads --------------------------------------------
@@ -115,8 +127,19 @@ class EngineLoop:
         priority: int = 0,
         cache_salt: bytes | None = None,
         grammar: Any = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
-        self._inbox.put(_Add(engine_id, prompt_token_ids, params, priority, cache_salt, grammar))
+        self._inbox.put(
+            _Add(
+                engine_id,
+                prompt_token_ids,
+                params,
+                priority,
+                cache_salt,
+                output_token_ids or [],
+                grammar,
+            )
+        )
 
     def abort(self, engine_id: str) -> None:
         self._inbox.put(_Abort(engine_id))
@@ -141,7 +164,14 @@ class EngineLoop:
         except BaseException as exc:
             self.ready.set_exception(exc)
             return
+        engine.core.executor.on_failure = lambda error: self._inbox.put(_Failed(error))
         self.ready.set_result(engine)
+        try:
+            self._serve(engine)
+        finally:
+            engine.shutdown()
+
+    def _serve(self, engine: LLMEngine) -> None:
         while not self._stopping:
             if not engine.has_unfinished_requests():
                 self._handle(self._inbox.get())  # idle: block until there is news
@@ -156,7 +186,10 @@ class EngineLoop:
             if engine.has_unfinished_requests():
                 self._step()
             elif self._is_load_stale:  # e.g. the last request was aborted: no step follows
-                self._load.record_step(engine.core.scheduler.make_stats(), 0, 0)
+                stats = engine.core.scheduler.make_stats()
+                self._load.record_step(stats, 0, 0)
+                if self.metrics is not None:
+                    self.metrics.idle(stats)
             self._is_load_stale = False
             self._flush()
 
@@ -169,6 +202,10 @@ class EngineLoop:
             if self._unfinished.pop(command.engine_id, None) is not None:
                 self.engine.abort_request(command.engine_id)
                 self._is_load_stale = True
+                if self.metrics is not None:
+                    self.metrics.aborted(command.engine_id)
+        elif isinstance(command, _Failed):
+            self._fail_all(command.error)
         elif isinstance(command, _Call):
             try:
                 command.future.set_result(command.fn(self.engine))
@@ -177,13 +214,13 @@ class EngineLoop:
 
     def _add(self, command: _Add) -> None:
         num_waiting = len(self.engine.core.scheduler.waiting)
-        if num_waiting + command.params.n > self._max_waiting:
+        if num_waiting + command.params.n > self.max_waiting:
             self._outbox.append(
                 (
                     command.engine_id,
                     CapacityError(
                         f"the waiting queue is full ({num_waiting} waiting, --max-waiting "
-                        f"{self._max_waiting}); retry later or on another worker"
+                        f"{self.max_waiting}); retry later or on another worker"
                     ),
                 )
             )
@@ -196,13 +233,17 @@ class EngineLoop:
                 priority=command.priority,
                 cache_salt=command.cache_salt,
                 grammar=command.grammar,
+                output_token_ids=command.output_token_ids,
             )
         except Exception as exc:  # validated before, so this is rare; the stream gets it
             self._outbox.append((command.engine_id, exc))
             return
         self._unfinished[command.engine_id] = command.params.n
+        if self.metrics is not None:
+            self.metrics.added(command.engine_id, command.params.n)
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             output = self.engine.step()
         except Exception as exc:
@@ -225,10 +266,23 @@ class EngineLoop:
         )
         if output.kv_events and self.on_kv_events is not None:
             self.on_kv_events(output.kv_events)
+        if self.metrics is not None:
+            self.metrics.stepped(started, output, self.engine.core.scheduler)
 
     def _fail_all(self, exc: Exception) -> None:
         """A failed step fails every request in the engine, frees their blocks, and
         keeps serving if the block pool is still sound."""
+        if isinstance(exc, ExecutorFailure):
+            # The ranks are gone: nothing can step again. UNAVAILABLE, so the router
+            # retries elsewhere; the server stops the worker.
+            logger.error("%s; failing %d requests", exc, len(self._unfinished))
+            self.fatal_error = exc
+            self.is_broken = True
+            for engine_id in self._unfinished:
+                self._outbox.append((engine_id, exc))
+                self.engine.abort_request(engine_id)  # the scheduler's side only
+            self._unfinished.clear()
+            return
         logger.exception("engine step failed; failing %d requests", len(self._unfinished))
         error = EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}")
         for engine_id in list(self._unfinished):
@@ -236,6 +290,8 @@ class EngineLoop:
         try:
             for engine_id in list(self._unfinished):
                 self.engine.abort_request(engine_id)
+                if self.metrics is not None:
+                    self.metrics.aborted(engine_id)
             self.engine.core.scheduler.kv.pool.check_integrity()
             if self.engine.has_unfinished_requests():
                 raise RuntimeError("requests left in the engine after aborting all of them")

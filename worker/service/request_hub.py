@@ -12,7 +12,7 @@ import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from shared.errors import UnavailableError
+from shared.errors import InvalidRequestError, UnavailableError
 from shared.logging import get_logger
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.sampling_params import SamplingParams
@@ -85,6 +85,7 @@ class RequestHub:
         priority: int = 0,
         cache_salt: bytes | None = None,
         grammar: Any = None,
+        output_token_ids: list[int] | None = None,
     ) -> RequestStream:
         """Admit a request (or raise the error its caller gets) and start it."""
         if self.is_draining:
@@ -94,12 +95,22 @@ class RequestHub:
         if self.engine_loop.is_broken:
             raise UnavailableError("the worker's engine failed and cannot take requests")
         # Reads only immutable model facts, so it is safe beside the engine thread.
-        self.engine.validate(prompt_token_ids, params, priority)
+        self.engine.validate(prompt_token_ids, params, priority, output_token_ids or ())
+        if params.n > self.engine_loop.max_waiting:
+            # Each sample waits as a request of its own: this one could never be queued,
+            # so retrying it (as a full queue's RESOURCE_EXHAUSTED invites) is futile.
+            raise InvalidRequestError(
+                "n",
+                f"{params.n} samples can never wait here at once (--max-waiting "
+                f"{self.engine_loop.max_waiting}); lower n",
+            )
         engine_id = str(next(self._ids))
         stream = RequestStream(engine_id, request_id or f"req-{engine_id}", params.n)
         self._streams[engine_id] = stream
         self._changed()
-        self.engine_loop.submit(engine_id, prompt_token_ids, params, priority, cache_salt, grammar)
+        self.engine_loop.submit(
+            engine_id, prompt_token_ids, params, priority, cache_salt, grammar, output_token_ids
+        )
         return stream
 
     async def compile_grammar(self, params: SamplingParams) -> Any:

@@ -17,6 +17,7 @@ import functools
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, start_http_server
 
 from shared.errors import ConfigError, UnavailableError
 from shared.logging import get_logger
@@ -30,6 +31,7 @@ from worker.service.config import WorkerIdentity, WorkerServiceConfig, resolve_i
 from worker.service.convert import model_info, worker_info
 from worker.service.engine_loop import Batch, EngineLoop
 from worker.service.load import LoadTracker
+from worker.service.metrics import WorkerMetrics
 from worker.service.registry_publisher import RegistryPublisher
 from worker.service.request_hub import RequestHub
 from worker.service.servicer import WorkerServicer
@@ -47,6 +49,11 @@ _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     # Two workers must never share a port silently.
     ("grpc.so_reuseport", 0),
+    # Routers ping every 10 s to find dead peers (router/routing/worker_handle.py);
+    # without these the server would answer their pings with GOAWAY.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -83,6 +90,11 @@ class WorkerServer:
         self._grpc: grpc.aio.Server | None = None
         self._is_marked_broken = False
         self._health_task: asyncio.Future | None = None
+        self.metrics_registry = CollectorRegistry()
+        self.metrics_port = 0
+        self._metrics_http = None
+        # Set when the engine can never step again (a tensor-parallel rank died).
+        self.failed = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -100,6 +112,17 @@ class WorkerServer:
             raise ConfigError(f"cannot listen on {self.config.bind_address}: {exc}") from exc
         await server.start()
         self._grpc = server
+        if self.config.metrics_port is not None:  # bound now: a taken port fails before loading
+            try:
+                self._metrics_http, _ = start_http_server(
+                    self.config.metrics_port, self.config.host, self.metrics_registry
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {exc}"
+                ) from exc
+            self.metrics_port = self._metrics_http.server_port
+            logger.info("metrics at http://%s:%d/metrics", self.config.host, self.metrics_port)
         logger.info(
             "listening on %s; loading %s", self.config.bind_address, self.engine_config.model.model
         )
@@ -128,9 +151,14 @@ class WorkerServer:
             )
         # Before any request can reach the engine (the hub is not attached yet).
         self.engine_loop.on_kv_events = self.publisher.submit if self.publisher else None
+        metrics = WorkerMetrics(
+            self.metrics_registry, self.engine_config.model.name, engine.core.max_model_len
+        )
+        self.engine_loop.metrics = metrics
         self.hub.attach(engine, self.engine_loop)
         stats = await asyncio.wrap_future(self.engine_loop.call(warm_up))
         self.load.record_step(stats, 0, 0)
+        metrics.start_counting(stats)
         self._model_info = model_info(engine, info, self.config.max_waiting)
         if self.publisher:
             self.publisher.start()
@@ -154,6 +182,8 @@ class WorkerServer:
         ):
             self._is_marked_broken = True
             self._health_task = asyncio.ensure_future(self._set_health(_NOT_SERVING))
+            if self.engine_loop.fatal_error is not None:
+                self.failed.set()
 
     async def _set_health(self, status: int) -> None:
         for name in _HEALTH_NAMES:
@@ -185,3 +215,7 @@ class WorkerServer:
         publisher, self.publisher = self.publisher, None
         if publisher is not None:
             await asyncio.to_thread(publisher.stop, True)
+        metrics_http, self._metrics_http = self._metrics_http, None
+        if metrics_http is not None:
+            await asyncio.to_thread(metrics_http.shutdown)
+            metrics_http.server_close()

@@ -58,6 +58,7 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
                 priority=request.priority,
                 cache_salt=request.cache_salt if request.HasField("cache_salt") else None,
                 grammar=grammar,
+                output_token_ids=list(request.output_token_ids),
             )
         except Exception as exc:
             await abort_with(context, exc)

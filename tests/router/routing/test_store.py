@@ -51,6 +51,23 @@ def test_local_store_forgets_the_oldest_records_beyond_its_bound():
     run(scenario())
 
 
+def test_local_store_drops_expired_records_as_new_ones_come():
+    store = LocalStore()
+    prompts = [PromptHashes(p) for p in random_prompts([8] * 50, seed=9)]
+
+    async def scenario():
+        for prompt in prompts[:40]:
+            await store.record(A, prompt.chain(4), ttl_s=0.05)
+        assert store.num_records == 80
+        await asyncio.sleep(0.1)
+        for prompt in prompts[40:]:
+            await store.record(A, prompt.chain(4), ttl_s=60)
+        assert store.num_records == 20  # the 80 expired ones are gone, not just ignored
+        assert await store.match([A], prompts[45]) == {"a": 2}
+
+    run(scenario())
+
+
 def test_routers_sharing_redis_see_each_others_choices_and_workers_ownership(
     redis_url, redis_prefix
 ):

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import load_cpu_kernels
+from worker.layers import cpu_packed
 from worker.layers.activation import SiluAndMul
 from worker.layers.embedding import ParallelLMHead
 from worker.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
-from worker.layers.quantization import cpu_packed
 
 needs_onednn = pytest.mark.skipif(
     not cpu_packed.can_pack(torch.zeros(2, 2)), reason="torch built without oneDNN linear"

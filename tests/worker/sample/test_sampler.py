@@ -98,6 +98,28 @@ def test_seeded_rows_do_not_depend_on_the_batch():
     assert mixed[3] == alone[0]
 
 
+def run_seeded(params: SamplingParams, outputs: list[int], steps: int) -> list[int]:
+    """`steps` draws of one seeded row, each token appended as the runner does."""
+    row = state(0, params, outputs=outputs)
+    drawn = []
+    for _ in range(steps):
+        token = sample(LOGITS, [row], seed=len(drawn)).token_ids.item()
+        row.token_ids.append(token)
+        drawn.append(token)
+    return drawn
+
+
+def test_a_seeded_draw_is_a_function_of_seed_and_position_alone():
+    """A request resumed elsewhere with its first tokens given (a fresh state, as on
+    another worker) draws exactly the tokens an undisturbed run draws next."""
+    params = SamplingParams(temperature=1.0, seed=77)
+    whole = run_seeded(params, [], 24)
+    assert len(set(whole)) > 2  # positions draw differently, not one token repeated
+    for cut in (1, 9, 23):
+        assert run_seeded(params, whole[:cut], 24 - cut) == whole[cut:]
+    assert run_seeded(SamplingParams(temperature=1.0, seed=78), [], 24) != whole
+
+
 def test_penalties_follow_the_documented_formula():
     params = SamplingParams(
         temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25

@@ -123,10 +123,14 @@ def test_full_waiting_queue_is_resource_exhausted(start_worker):
         list(worker.stub.Generate(request([5] * 10, max_tokens=2), timeout=30))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--max-waiting 1" in caught.value.details()
-    # n samples would be n waiting requests: also too many.
+    # More samples than may ever wait can never be queued: not retryable.
     with pytest.raises(grpc.RpcError) as caught:
         list(worker.stub.Generate(request([5] * 10, n=2, max_tokens=2), timeout=30))
-    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.code() == INVALID
+    assert (
+        caught.value.details()
+        == "n: 2 samples can never wait here at once (--max-waiting 1); lower n"
+    )
     running.cancel()
     waiting.cancel()
     wait_for(lambda: worker.on_engine(pool_is_idle), what="an idle pool")

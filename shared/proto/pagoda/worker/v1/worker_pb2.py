@@ -26,33 +26,33 @@ from shared.proto.pagoda.v1 import sampling_pb2 as pagoda_dot_v1_dot_sampling__p
 
 from shared.proto.pagoda.v1.sampling_pb2 import *
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagoda/worker/v1/worker.proto\x12\x10pagoda.worker.v1\x1a\x18pagoda/v1/sampling.proto\"\xbf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\ncache_salt\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x42\x0b\n\t_priorityB\r\n\x0b_cache_salt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"j\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.pagoda.worker.v1.TopLogprob\"\xc7\x01\n\x0cSampleOutput\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.pagoda.worker.v1.TokenLogprob\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.pagoda.worker.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_stop_token_id\"\xe8\x01\n\x10GenerateResponse\x12/\n\x07outputs\x18\x01 \x03(\x0b\x32\x1e.pagoda.worker.v1.SampleOutput\x12\x1e\n\x11num_prompt_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x11num_cached_tokens\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x37\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1e.pagoda.worker.v1.TokenLogprobB\x14\n\x12_num_prompt_tokensB\x14\n\x12_num_cached_tokens\"\x15\n\x13GetModelInfoRequest\"\xa6\x04\n\x14GetModelInfoResponse\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttokenizer\x18\x03 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\rmax_model_len\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x19\n\x0c\x62os_token_id\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x19\n\x11\x62lock_hash_scheme\x18\n \x01(\t\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0b \x01(\x08\x12\x15\n\rnum_kv_blocks\x18\x0c \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\r \x01(\x03\x12\x14\n\x0cmax_num_seqs\x18\x0e \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x0f \x01(\x05\x12\x13\n\x0bmax_waiting\x18\x10 \x01(\x05\x12\x14\n\x0cmax_logprobs\x18\x11 \x01(\x05\x12\x11\n\tworker_id\x18\x12 \x01(\t\x12\r\n\x05\x65poch\x18\x13 \x01(\x03\x12\r\n\x05\x64type\x18\x14 \x01(\t\x12:\n\x17\x64\x65\x66\x61ult_sampling_params\x18\x15 \x01(\x0b\x32\x19.pagoda.v1.SamplingParamsB\x0f\n\r_bos_token_id\"\x10\n\x0eGetLoadRequest\"\xa2\x03\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\x05\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\x03\x12\x1a\n\x12num_kv_blocks_used\x18\x04 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x05 \x01(\x05\x12\x1c\n\x14num_kv_blocks_cached\x18\x06 \x01(\x05\x12!\n\x19prefill_tokens_per_second\x18\x07 \x01(\x01\x12 \n\x18\x64\x65\x63ode_tokens_per_second\x18\x08 \x01(\x01\x12\x1a\n\x12num_active_streams\x18\t \x01(\x05\x12\x11\n\tnum_steps\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x1c\n\x14prefix_cache_queries\x18\x0c \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\r \x01(\x03\x12\x13\n\x0bis_draining\x18\x0e \x01(\x08*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x93\x02\n\rWorkerService\x12S\n\x08Generate\x12!.pagoda.worker.v1.GenerateRequest\x1a\".pagoda.worker.v1.GenerateResponse0\x01\x12]\n\x0cGetModelInfo\x12%.pagoda.worker.v1.GetModelInfoRequest\x1a&.pagoda.worker.v1.GetModelInfoResponse\x12N\n\x07GetLoad\x12 .pagoda.worker.v1.GetLoadRequest\x1a!.pagoda.worker.v1.GetLoadResponseP\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagoda/worker/v1/worker.proto\x12\x10pagoda.worker.v1\x1a\x18pagoda/v1/sampling.proto\"\xd9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\ncache_salt\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x12\x18\n\x10output_token_ids\x18\x06 \x03(\x05\x42\x0b\n\t_priorityB\r\n\x0b_cache_salt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"j\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.pagoda.worker.v1.TopLogprob\"\xc7\x01\n\x0cSampleOutput\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.pagoda.worker.v1.TokenLogprob\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.pagoda.worker.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x10\n\x0e_stop_token_id\"\xe8\x01\n\x10GenerateResponse\x12/\n\x07outputs\x18\x01 \x03(\x0b\x32\x1e.pagoda.worker.v1.SampleOutput\x12\x1e\n\x11num_prompt_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x11num_cached_tokens\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x37\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1e.pagoda.worker.v1.TokenLogprobB\x14\n\x12_num_prompt_tokensB\x14\n\x12_num_cached_tokens\"\x15\n\x13GetModelInfoRequest\"\xa6\x04\n\x14GetModelInfoResponse\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttokenizer\x18\x03 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\rmax_model_len\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x19\n\x0c\x62os_token_id\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x19\n\x11\x62lock_hash_scheme\x18\n \x01(\t\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0b \x01(\x08\x12\x15\n\rnum_kv_blocks\x18\x0c \x01(\x05\x12\x1a\n\x12kv_capacity_tokens\x18\r \x01(\x03\x12\x14\n\x0cmax_num_seqs\x18\x0e \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x0f \x01(\x05\x12\x13\n\x0bmax_waiting\x18\x10 \x01(\x05\x12\x14\n\x0cmax_logprobs\x18\x11 \x01(\x05\x12\x11\n\tworker_id\x18\x12 \x01(\t\x12\r\n\x05\x65poch\x18\x13 \x01(\x03\x12\r\n\x05\x64type\x18\x14 \x01(\t\x12:\n\x17\x64\x65\x66\x61ult_sampling_params\x18\x15 \x01(\x0b\x32\x19.pagoda.v1.SamplingParamsB\x0f\n\r_bos_token_id\"\x10\n\x0eGetLoadRequest\"\xa2\x03\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\x05\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\x03\x12\x1a\n\x12num_kv_blocks_used\x18\x04 \x01(\x05\x12\x1b\n\x13num_kv_blocks_total\x18\x05 \x01(\x05\x12\x1c\n\x14num_kv_blocks_cached\x18\x06 \x01(\x05\x12!\n\x19prefill_tokens_per_second\x18\x07 \x01(\x01\x12 \n\x18\x64\x65\x63ode_tokens_per_second\x18\x08 \x01(\x01\x12\x1a\n\x12num_active_streams\x18\t \x01(\x05\x12\x11\n\tnum_steps\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x1c\n\x14prefix_cache_queries\x18\x0c \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\r \x01(\x03\x12\x13\n\x0bis_draining\x18\x0e \x01(\x08*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x93\x02\n\rWorkerService\x12S\n\x08Generate\x12!.pagoda.worker.v1.GenerateRequest\x1a\".pagoda.worker.v1.GenerateResponse0\x01\x12]\n\x0cGetModelInfo\x12%.pagoda.worker.v1.GetModelInfoRequest\x1a&.pagoda.worker.v1.GetModelInfoResponse\x12N\n\x07GetLoad\x12 .pagoda.worker.v1.GetLoadRequest\x1a!.pagoda.worker.v1.GetLoadResponseP\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagoda.worker.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1880
-  _globals['_FINISHREASON']._serialized_end=2000
+  _globals['_FINISHREASON']._serialized_start=1906
+  _globals['_FINISHREASON']._serialized_end=2026
   _globals['_GENERATEREQUEST']._serialized_start=78
-  _globals['_GENERATEREQUEST']._serialized_end=269
-  _globals['_TOPLOGPROB']._serialized_start=271
-  _globals['_TOPLOGPROB']._serialized_end=318
-  _globals['_TOKENLOGPROB']._serialized_start=320
-  _globals['_TOKENLOGPROB']._serialized_end=426
-  _globals['_SAMPLEOUTPUT']._serialized_start=429
-  _globals['_SAMPLEOUTPUT']._serialized_end=628
-  _globals['_GENERATERESPONSE']._serialized_start=631
-  _globals['_GENERATERESPONSE']._serialized_end=863
-  _globals['_GETMODELINFOREQUEST']._serialized_start=865
-  _globals['_GETMODELINFOREQUEST']._serialized_end=886
-  _globals['_GETMODELINFORESPONSE']._serialized_start=889
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1439
-  _globals['_GETLOADREQUEST']._serialized_start=1441
-  _globals['_GETLOADREQUEST']._serialized_end=1457
-  _globals['_GETLOADRESPONSE']._serialized_start=1460
-  _globals['_GETLOADRESPONSE']._serialized_end=1878
-  _globals['_WORKERSERVICE']._serialized_start=2003
-  _globals['_WORKERSERVICE']._serialized_end=2278
+  _globals['_GENERATEREQUEST']._serialized_end=295
+  _globals['_TOPLOGPROB']._serialized_start=297
+  _globals['_TOPLOGPROB']._serialized_end=344
+  _globals['_TOKENLOGPROB']._serialized_start=346
+  _globals['_TOKENLOGPROB']._serialized_end=452
+  _globals['_SAMPLEOUTPUT']._serialized_start=455
+  _globals['_SAMPLEOUTPUT']._serialized_end=654
+  _globals['_GENERATERESPONSE']._serialized_start=657
+  _globals['_GENERATERESPONSE']._serialized_end=889
+  _globals['_GETMODELINFOREQUEST']._serialized_start=891
+  _globals['_GETMODELINFOREQUEST']._serialized_end=912
+  _globals['_GETMODELINFORESPONSE']._serialized_start=915
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1465
+  _globals['_GETLOADREQUEST']._serialized_start=1467
+  _globals['_GETLOADREQUEST']._serialized_end=1483
+  _globals['_GETLOADRESPONSE']._serialized_start=1486
+  _globals['_GETLOADRESPONSE']._serialized_end=1904
+  _globals['_WORKERSERVICE']._serialized_start=2029
+  _globals['_WORKERSERVICE']._serialized_end=2304
 # @@protoc_insertion_point(module_scope)

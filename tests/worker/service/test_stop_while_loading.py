@@ -1,0 +1,33 @@
+"""A worker that gets SIGTERM while it still loads its model stops at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+from tests.cluster import ENGINE_FLAGS, PagodaProcess
+from tests.conftest import wait_for
+from tests.redis_server import free_port
+
+
+def test_sigterm_while_loading_stops_the_worker_promptly(make_checkpoint, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(make_checkpoint("llama"), folder)
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")  # nobody writes it: loading blocks for good
+    args = ["--model", str(folder), "--host=127.0.0.1", f"--port={free_port()}", *ENGINE_FLAGS]
+    worker = PagodaProcess("worker", args, tmp_path / "worker.log")
+    try:
+        wait_for(lambda: "; loading " in worker.log(), timeout=120, interval=0.1, what="loading")
+        worker.check_alive()
+        sent = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        assert worker.process.wait(10) == 0, worker.log()
+        assert time.monotonic() - sent < 5
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert "stopped while loading the model" in log
+    assert "serving" not in log

@@ -1,0 +1,76 @@
+"""Which hardware each rank of this node gets, decided once in the engine process."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from shared.cpu_cores import parse_core_list
+from shared.errors import ConfigError
+from worker.config import DEFAULT_MASTER_PORT, ParallelConfig
+from worker.executor.rank_worker import RankPlacement
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_address(parallel: ParallelConfig) -> str:
+    port = parallel.master_port
+    if port is None:
+        port = free_port() if parallel.nnodes == 1 else DEFAULT_MASTER_PORT
+    return f"tcp://{parallel.master_addr}:{port}"
+
+
+def split_cores(cores: list[int], num_ranks: int) -> list[tuple[int, ...]]:
+    """Disjoint, equal, contiguous groups (a remainder core stays with the last rank)."""
+    per = len(cores) // num_ranks
+    groups = [tuple(cores[i * per : (i + 1) * per]) for i in range(num_ranks)]
+    groups[-1] = groups[-1] + tuple(cores[num_ranks * per :])
+    return groups
+
+
+def local_placements(
+    parallel: ParallelConfig,
+    device: torch.device,
+    init_method: str,
+    cpu_cores: str | None = None,
+) -> list[RankPlacement]:
+    """This node's ranks: one GPU each, or on CPU each its own share of the cores
+    this process may run on (of --cpu-cores, when given)."""
+    num_local, tp = parallel.ranks_per_node, parallel.tensor_parallel_size
+    if device.type == "cuda":
+        num_gpus = torch.cuda.device_count()
+        if num_gpus < num_local:
+            raise ConfigError(
+                f"--tensor-parallel-size {tp} needs {num_local} GPUs on this node, but "
+                f"{num_gpus} are visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); lower it to {num_gpus} "
+                "or less"
+            )
+        core_groups: list[tuple[int, ...] | None] = [None] * num_local
+    else:
+        cores = sorted(parse_core_list(cpu_cores) if cpu_cores else os.sched_getaffinity(0))
+        if len(cores) < num_local:
+            raise ConfigError(
+                f"--tensor-parallel-size {tp} needs {num_local} CPU cores on this node, one per "
+                f"rank at least, but this worker may use {len(cores)} ({cores}); lower it to "
+                f"{len(cores)} or less, or give the worker more cores"
+            )
+        core_groups = split_cores(cores, num_local)
+    first = parallel.node_rank * num_local
+    return [
+        RankPlacement(
+            rank=first + i,
+            world_size=tp,
+            local_rank=i,
+            num_local_ranks=num_local,
+            cpu_cores=core_groups[i],
+            init_method=init_method,
+        )
+        for i in range(num_local)
+    ]

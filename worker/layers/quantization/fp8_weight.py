@@ -1,0 +1,68 @@
+"""FP8 (e4m3) weight-only linears: the form fp8, compressed-tensors
+float-quantized and FP8 at load repack into.
+
+    weight  [out, in]                      float8_e4m3fn
+    scales  [out, 1]                       float32, per output row, or
+            [out / block, in / block_in]   per block (weight_block_size)
+
+w = weight * scale. The activations stay in the model dtype (the checkpoint's
+input scales, for FP8 activations on GPUs, are read and dropped): this is the
+W8A16 path. No CPU has FP8 arithmetic, so `apply` is the twin: dequantize to
+the activation dtype, then `F.linear`; the weight bytes stay halved.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.layers.quantization.base import replace_params
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+def quantize_fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [out, in] -> (fp8 [out, in], scales [out, 1] float32): max|w| / 448 per row."""
+    w = weight.to(torch.float32)
+    scales = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    return (w / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8), scales
+
+
+def expand_block_scales(scales: torch.Tensor, block: tuple[int, int], shape) -> torch.Tensor:
+    """[ceil(out / bo), ceil(in / bi)] -> [out, in], each block's scale over its cells."""
+    rows = scales.repeat_interleave(block[0], dim=0)[: shape[0]]
+    return rows.repeat_interleave(block[1], dim=1)[:, : shape[1]]
+
+
+def dequantize_fp8(weight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block=None):
+    """The twin's W [out, in] in `dtype`."""
+    if block is not None:
+        scales = expand_block_scales(scales, block, weight.shape)
+    if dtype == torch.float32:
+        return weight.to(torch.float32) * scales
+    return weight.to(dtype) * scales.to(dtype)
+
+
+def set_fp8_weight(
+    layer: nn.Module,
+    drop: list[str],
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    block: tuple[int, int] | None = None,
+) -> None:
+    """Replace the checkpoint-format parameters `drop` by (weight, scales)."""
+    replace_params(
+        layer,
+        drop,
+        fp8_weight=weight.to(FP8).contiguous(),
+        fp8_scales=scales.to(torch.float32).contiguous(),
+    )
+    layer.fp8_block = block
+
+
+def apply_fp8_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None):
+    """x: [num_tokens, in] -> [num_tokens, out]."""
+    weight = dequantize_fp8(layer.fp8_weight, layer.fp8_scales, x.dtype, layer.fp8_block)
+    return F.linear(x, weight, bias)
