@@ -145,6 +145,7 @@ class ChatCompletion:
         parser = MessageParser(
             get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None,
             _tool_parser(choice, config.tool_call_parser),
+            max_calls=None if choice.parallel else 1,
         )
         if parser.tools is not None and parser.tools.needs_special_tokens:
             message.skip_special_tokens = False  # the call markers are special tokens

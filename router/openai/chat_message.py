@@ -31,6 +31,7 @@ def tool_call_id() -> str:
 class MessageParser:
     reasoning: ReasoningParser | None = None
     tools: ToolParser | None = None
+    max_calls: int | None = None  # 1 under parallel_tool_calls false
 
     @property
     def is_plain(self) -> bool:
@@ -43,7 +44,7 @@ class MessageParser:
         if self.tools is None:
             return reasoning, rest, []
         parsed = self.tools.parse(rest, final)
-        return reasoning, parsed.content, parsed.calls
+        return reasoning, parsed.content, parsed.calls[: self.max_calls]
 
 
 def _call_dict(call: ParsedCall, call_id: str) -> dict[str, Any]:

@@ -127,3 +127,12 @@ def test_hermes_streams_arguments_as_written_before_the_block_closes():
     ]
     tail = stream.feed("}\n</tool_call>") + stream.finish()
     assert tail == [{"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    parser = MessageParser(tools=get_tool_parser("hermes"), max_calls=1)
+    assert [c["function"]["name"] for c in whole_message(parser, HERMES)["tool_calls"]] == [
+        "get_weather"
+    ]
+    for chunks in splits(HERMES):
+        assert streamed(parser, chunks)[2] == [("get_weather", WEATHER)]
