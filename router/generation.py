@@ -98,6 +98,7 @@ class Generation:
                 self.cache_salt,
                 self.arrival,
                 self.priority,
+                timeout=self._dispatcher.request_timeout,
             )
             for i, prompt in enumerate(self.prompts)
         ]
