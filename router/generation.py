@@ -197,6 +197,13 @@ class Generation:
                 except WorkerFailedError as exc:
                     if not self._may_resume(generated):
                         raise
+                    if len(generated) >= self._jobs[prompt_index].params.max_tokens:
+                        # Every token was sent; only the finish was lost with the worker.
+                        end = wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_LENGTH)
+                        delta = choices[0].push(end)
+                        if delta is not None:
+                            yield delta
+                        return
                     logger.warning(
                         "request %s: %s; resuming it elsewhere after %d tokens",
                         self.request_id,
