@@ -239,3 +239,5 @@ class Generation:
             self._jobs[prompt_index], generated, failed.handle.address
         )
         self._jobs[prompt_index], self.streams[prompt_index] = job, stream
+        if self._interrupted is not None:  # shut down while this one was opening
+            stream.interrupt(self._interrupted)
