@@ -75,7 +75,10 @@ def run_once(path: Path, tp: int, args) -> dict:
             read = end["broadcast_read_seconds"] - marks[0]["broadcast_read_seconds"]
             put = executor.put_seconds - marks[1]
             wall = sum(steps)
+            calls = end["collective_calls"] - marks[0]["collective_calls"]
             result |= {
+                "collectives_per_step": calls / len(steps),
+                "us_per_collective": 1e6 * collective / max(calls, 1),
                 "collective_share_of_rank_step": collective / rank_step,
                 "broadcast_share_of_step": (put + read) / wall,
                 "broadcast_us_per_step": 1e6 * (put + read) / len(steps),

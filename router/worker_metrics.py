@@ -70,11 +70,17 @@ class WorkerMetricsScraper:
             labels=["worker"],
         )
         for (worker, url), answer in zip(self.targets, answers):
+            families = []
+            if not isinstance(answer, BaseException):
+                try:
+                    families = list(text_string_to_metric_families(answer))
+                except ValueError as exc:  # not Prometheus text: as good as no answer
+                    answer = exc
             up.add_metric([worker], 0.0 if isinstance(answer, BaseException) else 1.0)
             if isinstance(answer, BaseException):
                 logger.debug("worker metrics at %s: %s", url, answer)
                 continue
-            for family in text_string_to_metric_families(answer):
+            for family in families:
                 into = merged.get(family.name)
                 if into is None:
                     into = merged[family.name] = Metric(

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shared.sampling_params import MAX_LOGPROBS
-
 NOTES = "vllm_notes"  # where the accepted flags' notes wait until logging is set up
 
 # flag -> the note logged when it is given
@@ -23,7 +21,9 @@ _ACCEPTED = {
     "--disable-log-stats": "Pagoda logs no periodic stats; the workers' /metrics has them",
     "--swap-space": "Pagoda recomputes preempted requests and swaps nothing to CPU memory, "
     "as vLLM's v1 engine",
-    "--disable-uvicorn-access-log": "the router's access log is --disable-log-requests",
+    "--disable-uvicorn-access-log": "the router logs no access line per request (as "
+    "--disable-log-requests)",
+    "--enable-log-requests": "the router logs one access line per request by default",
     "--uvicorn-log-level": "Pagoda's log level is --log-level (before the subcommand)",
 }
 # flag -> why it is refused, and what to use instead
@@ -42,20 +42,13 @@ class _Note(argparse.Action):
         notes = list(getattr(namespace, NOTES, None) or [])
         notes.append(f"{option}: {_ACCEPTED[option]}")
         setattr(namespace, NOTES, notes)
+        if option == "--disable-uvicorn-access-log":  # vLLM's meaning, on Pagoda's flag
+            namespace.disable_log_requests = True
 
 
 class _Refuse(argparse.Action):
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option=None):
         parser.error(f"{option}: {_REFUSED[option]}")
-
-
-class _MaxLogprobs(argparse.Action):
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option=None):
-        if int(values) != MAX_LOGPROBS:
-            parser.error(
-                f"--max-logprobs: Pagoda's limit is {MAX_LOGPROBS} (vLLM's default) and not "
-                f"configurable yet; a request asking for more is a 400 naming the field"
-            )
 
 
 def add_vllm_habit_flags(parser: argparse.ArgumentParser) -> None:
@@ -69,12 +62,4 @@ def add_vllm_habit_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag, action=_Refuse, dest=f"_{flag}", metavar="VALUE", help=f"Refused: {message}."
         )
-    group.add_argument(
-        "--max-logprobs",
-        action=_MaxLogprobs,
-        type=int,
-        dest="_max_logprobs",
-        metavar="N",
-        help=f"Accepted at {MAX_LOGPROBS}, Pagoda's fixed limit (vLLM's default).",
-    )
     parser.set_defaults(**{NOTES: []})

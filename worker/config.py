@@ -16,6 +16,7 @@ from typing import Any
 from shared.cli_args import add_dataclass_args, dataclass_from_args, parse_bytes
 from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
+from shared.sampling_params import MAX_LOGPROBS
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -58,6 +59,13 @@ class ModelConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "Name clients use for the model (default: --model)."}
     )
+    max_logprobs: int = field(
+        default=MAX_LOGPROBS,
+        metadata={
+            "help": "Most logprobs (and prompt logprobs) a request may ask for per position "
+            f"(vLLM's flag; at most {MAX_LOGPROBS})."
+        },
+    )
     generation_config: str = field(
         default="auto",
         metadata={
@@ -72,6 +80,11 @@ class ModelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _positive("max_model_len", self.max_model_len)
+        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
+            raise ConfigError(
+                f"--max-logprobs must be in [0, {MAX_LOGPROBS}] (Pagoda's limit, vLLM's "
+                f"default), got {self.max_logprobs}"
+            )
 
     @property
     def name(self) -> str:

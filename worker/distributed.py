@@ -19,8 +19,10 @@ from shared.errors import ConfigError
 _TP_RANK = 0
 _TP_SIZE = 1
 _DEVICE = torch.device("cpu")
-# Seconds this process has spent inside collectives (read by the TP benchmark).
+# Seconds this process has spent inside collectives, and how many it ran (read by
+# bench/tp_step.py; on a GPU only the launches are timed: NCCL runs asynchronously).
 collective_seconds = 0.0
+collective_calls = 0
 
 
 def init_tensor_parallel(
@@ -82,17 +84,18 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum `x` over the tensor-parallel group, in place."""
-    global collective_seconds
+    global collective_seconds, collective_calls
     if _TP_SIZE > 1:
         start = time.perf_counter()
         dist.all_reduce(x)
         collective_seconds += time.perf_counter() - start
+        collective_calls += 1
     return x
 
 
 def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Concatenate each rank's `x` along `dim`."""
-    global collective_seconds
+    global collective_seconds, collective_calls
     if _TP_SIZE == 1:
         return x
     start = time.perf_counter()
@@ -100,6 +103,7 @@ def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     dist.all_gather(parts, x.contiguous())
     out = torch.cat(parts, dim=dim)
     collective_seconds += time.perf_counter() - start
+    collective_calls += 1
     return out
 
 

@@ -46,12 +46,23 @@ _HEADERS = [
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 
 
-def _build_dir() -> Path:
+# The weight-only linears build as their own module: a change to them does not
+# rebuild the attention kernels (and the reverse).
+_WEIGHT_ONLY_SOURCES = [Path(__file__).with_name("gemm_weight_only.cpp")]
+
+
+def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
+    """The given module's files, or by default the main module's (read at call time)."""
+    return (_SOURCES if sources is None else sources), (_HEADERS if headers is None else headers)
+
+
+def _build_dir(sources: list[Path] | None = None, headers: list[Path] | None = None) -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
     # Keyed by content alone, so every checkout of the same sources shares one build
     # (the sources are compiled from a copy inside the folder, see _staged_sources).
+    sources, headers = _or_attention(sources, headers)
     digest = hashlib.sha256()
-    for source in [*_SOURCES, *_HEADERS]:
+    for source in [*sources, *headers]:
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     digest.update(" ".join(_FLAGS).encode())
@@ -65,17 +76,20 @@ def _build_dir() -> Path:
     return path
 
 
-def _staged_sources(build_dir: Path) -> list[Path]:
+def _staged_sources(
+    build_dir: Path, sources: list[Path] | None = None, headers: list[Path] | None = None
+) -> list[Path]:
     """The sources copied into `build_dir/src`: ninja's build command names the
     source paths, so compiling a checkout's own files would make two checkouts
     sharing the folder rebuild each other's build on every load."""
+    sources, headers = _or_attention(sources, headers)
     src = build_dir / "src"
     src.mkdir(exist_ok=True)
-    for source in [*_SOURCES, *_HEADERS]:
+    for source in [*sources, *headers]:
         target = src / source.name
         if not target.exists() or target.read_bytes() != source.read_bytes():
             shutil.copyfile(source, target)
-    return [src / s.name for s in _SOURCES]
+    return [src / s.name for s in sources]
 
 
 def _cpu_model() -> str:
@@ -92,12 +106,22 @@ def _cpu_model() -> str:
 def load_cpu_kernels() -> ModuleType | None:
     """The compiled module, or None when it cannot be built here (or
     PAGODA_CPU_KERNELS=0 asks for the plain-PyTorch paths)."""
+    return _load(MODULE_NAME, _SOURCES, _HEADERS)
+
+
+@cache
+def load_weight_only_kernels() -> ModuleType | None:
+    """The weight-only linears (gemm_weight_only.cpp), or None as load_cpu_kernels."""
+    return _load("pagoda_weight_only", _WEIGHT_ONLY_SOURCES, [])
+
+
+def _load(name: str, sources: list[Path], headers: list[Path]) -> ModuleType | None:
     if not env.cpu_kernels():
         return None
     try:
         from torch.utils.cpp_extension import load
 
-        build_dir = _build_dir()
+        build_dir = _build_dir(sources, headers)
         with open(build_dir / "pagoda.lock", "w") as guard:
             # torch's own lock is a file that a build killed midway leaves behind, and
             # every later load then waits on it forever. Whoever holds this flock (the
@@ -111,10 +135,10 @@ def load_cpu_kernels() -> ModuleType | None:
                 )
                 fcntl.flock(guard, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            with build_reported(build_dir):
+            with build_reported(build_dir, name):
                 return load(
-                    name=MODULE_NAME,
-                    sources=[str(s) for s in _staged_sources(build_dir)],
+                    name=name,
+                    sources=[str(s) for s in _staged_sources(build_dir, sources, headers)],
                     extra_cflags=_FLAGS,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),

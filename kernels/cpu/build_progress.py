@@ -17,15 +17,17 @@ MODULE_NAME = "pagoda_cpu_kernels"
 PROGRESS_INTERVAL_S = 30.0
 
 
-def is_built(build_dir: Path) -> bool:
-    return (build_dir / f"{MODULE_NAME}.so").exists()
+def is_built(build_dir: Path, module: str = MODULE_NAME) -> bool:
+    return (build_dir / f"{module}.so").exists()
 
 
 @contextmanager
-def build_reported(build_dir: Path, interval_s: float = PROGRESS_INTERVAL_S) -> Iterator[None]:
-    """Around torch's `load`: nothing when the module is built already; else a line
-    when compiling starts, one every `interval_s` while it runs, one at the end."""
-    if is_built(build_dir):
+def build_reported(
+    build_dir: Path, module: str = MODULE_NAME, interval_s: float = PROGRESS_INTERVAL_S
+) -> Iterator[None]:
+    """Around torch's `load` of `module`: nothing when it is built already; else a
+    line when compiling starts, one every `interval_s` while it runs, one at the end."""
+    if is_built(build_dir, module):
         yield
         return
     logger.info(

@@ -103,7 +103,7 @@ class ChatCompletion:
         self.include_usage = (
             request.stream_options is not None and request.stream_options.include_usage
         )
-        self.parser = parser
+        self.parser = parser or MessageParser()
 
     @classmethod
     async def start(

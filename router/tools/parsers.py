@@ -10,6 +10,7 @@ successive results only ever grow, which is what streaming diffs them on.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -79,10 +80,15 @@ class ToolParser(ABC):
 
 class HermesToolParser(ToolParser):
     """Qwen2.5 / Qwen3 / Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
-    one block per call; content is the text before the first block."""
+    one block per call; content is the text before the first block.
+
+    A call written name first (as the template asks) streams its arguments while they
+    are written: they are the model's own text, up to the block's last "}" (held back
+    until the block closes, since it may be the outer object's)."""
 
     name = "hermes"
     START, END = "<tool_call>", "</tool_call>"
+    HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         first = text.find(self.START)
@@ -97,19 +103,34 @@ class HermesToolParser(ToolParser):
             if end < 0:
                 if final:  # cut short (max_tokens): keep what parses
                     self._add(out, text[body_start:])
+                elif (head := self.HEAD.match(text, body_start)) is not None:
+                    partial = text[head.end() :]
+                    cut = partial.rfind("}")
+                    arguments = partial if cut < 0 else partial[:cut]
+                    out.calls.append(ParsedCall(head.group(1), arguments))
                 break
             self._add(out, text[body_start:end])
             pos = end + len(self.END)
         return out
 
-    @staticmethod
-    def _add(out: ParsedOutput, body: str) -> None:
+    @classmethod
+    def _add(cls, out: ParsedOutput, body: str) -> None:
         try:
-            call = call_from_object(json.loads(body))
+            obj = json.loads(body)
         except ValueError:
             return
-        if call is not None:
-            out.calls.append(call)
+        call = call_from_object(obj)
+        if call is None:
+            return
+        head = cls.HEAD.match(body)
+        if head is not None:  # the arguments as written (and as streamed)
+            raw = body[head.end() : body.rstrip().rfind("}")].rstrip()
+            try:
+                if json.loads(raw) == obj.get("arguments"):
+                    call = ParsedCall(call.name, raw)
+            except ValueError:
+                pass
+        out.calls.append(call)
 
 
 class Llama3JsonToolParser(ToolParser):

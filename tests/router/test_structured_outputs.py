@@ -23,12 +23,12 @@ SCHEMA_FORMAT = {
 }
 
 
-def chat(client, n=6, seed=11, **kwargs):
+def chat(client, n=4, seed=11, **kwargs):
     params = dict(model=MODEL, messages=MESSAGES, n=n, seed=seed, temperature=1.0, max_tokens=100)
     return client.chat.completions.create(**(params | kwargs))
 
 
-def streamed_texts(client, n=6, seed=11, **kwargs) -> list[str]:
+def streamed_texts(client, n=4, seed=11, **kwargs) -> list[str]:
     texts = [""] * n
     for chunk in chat(client, n=n, seed=seed, stream=True, **kwargs):
         for choice in chunk.choices:
@@ -91,7 +91,7 @@ def test_openai_parse_helper_with_a_pydantic_model(served):
 def test_vllm_constraint_fields(served, extra, check):
     client = served.client()
     out = client.completions.create(
-        model=MODEL, prompt="Answer:", n=4, seed=8, temperature=1.0, max_tokens=100,
+        model=MODEL, prompt="Answer:", n=3, seed=8, temperature=1.0, max_tokens=100,
         extra_body=extra,
     )  # fmt: skip
     for choice in out.choices:
@@ -118,3 +118,26 @@ def test_bad_constraints_are_400_naming_the_problem(served, extra, field, reason
         )
     message = info.value.body["message"]
     assert message.startswith(f"{field}: ") and reason in message, message
+
+
+SLOW_CASES = {
+    "json_schema": ({"response_format": SCHEMA_FORMAT},
+                    lambda t: jsonschema.validate(json.loads(t), PERSON) is None),
+    "regex": ({"structured_outputs": {"regex": REGEX}}, lambda t: re.fullmatch(REGEX, t)),
+    "choice": ({"structured_outputs": {"choice": list(CHOICES)}}, lambda t: t in CHOICES),
+    "grammar": ({"structured_outputs": {"grammar": GRAMMAR}},
+                lambda t: re.fullmatch(r"\((\d\+)*\d\)", t)),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SLOW_CASES))
+def test_fifty_seeded_samples_validate_streamed_and_not(served, case):
+    extra, check = SLOW_CASES[case]
+    client = served.client()
+    whole = chat(client, n=50, seed=21, max_tokens=120, extra_body=extra)
+    texts = [c.message.content for c in whole.choices]
+    for choice, text in zip(whole.choices, texts):
+        assert choice.finish_reason == "stop"
+        assert check(text), text
+    assert streamed_texts(client, n=50, seed=21, max_tokens=120, extra_body=extra) == texts

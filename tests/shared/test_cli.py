@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,6 +53,7 @@ def test_bad_flag_value_fails_with_a_message(make_checkpoint):
     assert "not a memory size" in result.stderr
 
 
+@pytest.mark.slow  # two rank processes; -tp parsing is checked by the next test
 def test_generate_with_two_tensor_parallel_ranks_gives_the_same_tokens(make_checkpoint):
     from worker import LLM, SamplingParams
 

@@ -47,3 +47,20 @@ def test_defaults_are_valid_and_greedy_threshold():
     assert not SamplingParams().is_greedy
     assert SamplingParams(temperature=0).is_greedy
     assert SamplingParams(stop_token_ids=[1, 2]).stop_token_ids == (1, 2)
+
+
+def test_structured_outputs_round_trip_through_the_message():
+    from shared.sampling_proto import params_from_proto, params_to_proto
+    from shared.structured_outputs import StructuredOutputsParams
+
+    for constraint in (
+        StructuredOutputsParams.from_schema({"type": "object"}),
+        StructuredOutputsParams(json_object=True),
+        StructuredOutputsParams(regex="[a-z]+"),
+        StructuredOutputsParams(choice=("a", "b")),
+        StructuredOutputsParams(grammar='root ::= "x"'),
+    ):
+        params = SamplingParams(structured_outputs=constraint)
+        assert params_from_proto(params_to_proto(params)).structured_outputs == constraint
+    assert SamplingParams().structured_outputs is None
+    assert params_from_proto(params_to_proto(SamplingParams())).structured_outputs is None

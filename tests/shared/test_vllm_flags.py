@@ -15,7 +15,7 @@ def parse(*argv: str):
 
 @pytest.mark.parametrize("command", [["serve", "m"], ["worker", "--model", "m"], ["router"]])
 def test_accepted_flags_leave_a_note_that_says_how_pagoda_does_it(command):
-    args = parse(*command, "--trust-remote-code", "--swap-space", "4", "--max-logprobs", "20")
+    args = parse(*command, "--trust-remote-code", "--swap-space", "4")
     notes = getattr(args, NOTES)
     assert notes[0].startswith("--trust-remote-code: not needed")
     assert notes[1].startswith("--swap-space: Pagoda recomputes preempted requests")
@@ -27,9 +27,6 @@ def test_refused_flags_name_what_to_use_instead(capsys):
         parse("serve", "m", "--download-dir", "/x")
     assert exc.value.code == 2
     assert "--download-dir: Pagoda downloads into the Hugging Face cache" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parse("serve", "m", "--max-logprobs", "5")
-    assert "--max-logprobs: Pagoda's limit is 20" in capsys.readouterr().err
 
 
 def test_help_shows_the_defaults(capsys):
@@ -39,3 +36,12 @@ def test_help_shows_the_defaults(capsys):
     assert "Worker processes to start. (default: 1)" in text
     assert "Most requests running at once. (default: 256)" in text
     assert "(default: None)" not in text
+
+
+def test_disable_uvicorn_access_log_turns_the_access_log_off():
+    from router.config import RouterConfig
+    from shared.cli_args import dataclass_from_args
+
+    args = parse("router", "--worker=h:1", "--disable-uvicorn-access-log")
+    assert dataclass_from_args(RouterConfig, args).disable_log_requests is True
+    assert dataclass_from_args(RouterConfig, parse("router")).disable_log_requests is False

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from worker.config import EngineConfig
 from worker.executor import Executor, make_executor
+from worker.executor.placement import device_type
 from worker.kv_cache.block_pool import KVCacheEvent
 from worker.outputs import RequestDelta
 from worker.request import Request, RequestStatus
 from worker.runner.kv_budget import KVBudget
 from worker.runner.model_runner import ModelRunner
-from worker.runner.platform import resolve_device
 from worker.scheduler.scheduler import Scheduler
 from worker.stats import SchedulerStats
 
@@ -29,7 +29,7 @@ class EngineCore:
     def __init__(
         self, config: EngineConfig, record_kv_events: bool = False, offline: bool = False
     ) -> None:
-        config = config.resolved(offline, resolve_device(config.device).type)
+        config = config.resolved(offline, device_type(config.device).type)
         self.config = config
         self.executor: Executor = make_executor(config)
         self.spec = self.executor.spec
@@ -46,7 +46,10 @@ class EngineCore:
     @property
     def runner(self) -> ModelRunner:
         """The in-process model runner (tensor-parallel size 1 only)."""
-        return self.executor.runner
+        runner = getattr(self.executor, "runner", None)
+        if runner is None:
+            raise AttributeError("the model runners live in the rank processes at TP > 1")
+        return runner
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

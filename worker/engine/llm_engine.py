@@ -82,6 +82,13 @@ class LLMEngine:
                     f"token id {token} at position {i} is outside the vocabulary [0, {vocab})",
                 )
         params.validate_token_ids(vocab)
+        most = self.config.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            wanted = getattr(params, name)
+            if wanted is not None and wanted > most:
+                raise InvalidRequestError(
+                    name, f"must be in [0, {most}] on this server (--max-logprobs), got {wanted}"
+                )
         num_prompt, limit = len(prompt_token_ids), self.max_model_len
         if num_prompt >= limit:
             raise InvalidRequestError(

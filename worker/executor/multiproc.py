@@ -29,11 +29,10 @@ from shared.logging import get_logger
 from worker.config import EngineConfig
 from worker.executor.base import Executor, ExecutorFailure
 from worker.executor.model_plan import ModelPlan
-from worker.executor.placement import local_placements, rendezvous_address
+from worker.executor.placement import device_type, local_placements, rendezvous_address
 from worker.executor.rank_group import SHUTDOWN, LocalRankGroup
 from worker.executor.step_relay import StepRelayServer, relay_port
 from worker.runner.kv_budget import KVBudget
-from worker.runner.platform import resolve_device
 from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 logger = get_logger(__name__)
@@ -55,7 +54,7 @@ class MultiprocExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
         parallel = config.parallel
         self.world_size = parallel.tensor_parallel_size
-        device = resolve_device(config.device)
+        device = device_type(config.device)
         plan = ModelPlan.make(config, device)  # config errors before any process starts
         self.spec, self.dtype, self.max_model_len = plan.spec, plan.dtype, plan.max_model_len
         self.rendezvous = rendezvous_address(parallel)

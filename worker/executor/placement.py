@@ -9,7 +9,7 @@ import torch
 
 from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
-from worker.config import DEFAULT_MASTER_PORT, ParallelConfig
+from worker.config import DEFAULT_MASTER_PORT, DeviceConfig, ParallelConfig
 from worker.executor.rank_worker import RankPlacement
 
 
@@ -17,6 +17,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def device_type(config: DeviceConfig) -> torch.device:
+    """The kind of device the ranks will use, without creating a CUDA context in
+    this process (the engine process of a TP group holds no model: a context
+    here would take memory from rank 0's GPU)."""
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for, but torch sees no CUDA device")
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def rendezvous_address(parallel: ParallelConfig) -> str:
@@ -27,11 +38,14 @@ def rendezvous_address(parallel: ParallelConfig) -> str:
 
 
 def split_cores(cores: list[int], num_ranks: int) -> list[tuple[int, ...]]:
-    """Disjoint, equal, contiguous groups (a remainder core stays with the last rank)."""
+    """Disjoint, equal, contiguous groups; a remainder core is left idle.
+
+    NOTE: equal on purpose. Every rank samples from the same gathered logits and
+    must draw the same token; torch's CPU reductions can round differently at
+    different thread counts, and ranks whose tokens differ would go on silently
+    wrong."""
     per = len(cores) // num_ranks
-    groups = [tuple(cores[i * per : (i + 1) * per]) for i in range(num_ranks)]
-    groups[-1] = groups[-1] + tuple(cores[num_ranks * per :])
-    return groups
+    return [tuple(cores[i * per : (i + 1) * per]) for i in range(num_ranks)]
 
 
 def local_placements(

@@ -105,6 +105,7 @@ def serve(launch: RankLaunch) -> None:
                 {
                     "step_seconds": step_seconds,
                     "collective_seconds": distributed.collective_seconds,
+                    "collective_calls": distributed.collective_calls,
                     "broadcast_read_seconds": reader.read_seconds + unpickle_seconds,
                     "checkpoint_bytes_read": checkpoint_slice.bytes_read,
                 },

@@ -18,10 +18,9 @@ from shared.logging import get_logger
 from worker.config import EngineConfig
 from worker.executor.base import ExecutorFailure
 from worker.executor.model_plan import ModelPlan
-from worker.executor.placement import local_placements, rendezvous_address
+from worker.executor.placement import device_type, local_placements, rendezvous_address
 from worker.executor.rank_group import SHUTDOWN, LocalRankGroup
 from worker.executor.step_relay import connect_to_relay, receive_frame, relay_port
-from worker.runner.platform import resolve_device
 
 logger = get_logger(__name__)
 
@@ -48,7 +47,7 @@ def run_node(own: EngineConfig) -> int:
         config,
         parallel=dataclasses.replace(config.parallel, node_rank=parallel.node_rank),
     )
-    device = resolve_device(config.device)
+    device = device_type(config.device)
     ModelPlan.make(config, device)
     group = LocalRankGroup(config, local_placements(config.parallel, device, f"tcp://{address}"))
     signal.signal(signal.SIGTERM, _exit_on_signal)

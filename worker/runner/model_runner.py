@@ -262,7 +262,7 @@ class ModelRunner:
         constrained = [i for i, s in enumerate(states) if s.grammar is not None]
         if constrained:  # before any sampling path, greedy argmax included
             bitmask = fill_bitmask([states[i].grammar for i in constrained], logits.shape[1])
-            apply_bitmask(logits, bitmask.to(logits.device), constrained)
+            logits = apply_bitmask(logits, bitmask.to(logits.device), constrained)
         sampled = self.sampler(logits, meta)
         # The step's one copy back: token ids (and logprobs) in one float64 block.
         columns = [sampled.token_ids.unsqueeze(1)]
@@ -272,24 +272,27 @@ class ModelRunner:
                 columns += [sampled.top_token_ids, sampled.top_logprobs]
         host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
         token_ids = [int(row[0]) for row in host]
-        for state, token in zip(states, token_ids):
-            state.token_ids.append(token)
-            result.sampled_token_ids[state.req_id] = token
-            if state.grammar is not None and self._grammar_ended(state, token):
-                result.grammar_ended.add(state.req_id)
+        for i, state in enumerate(states):
+            if state.grammar is not None:
+                token_ids[i] = self._follow_grammar(state, token_ids[i], result)
+            state.token_ids.append(token_ids[i])
+            result.sampled_token_ids[state.req_id] = token_ids[i]
         if sampled.sampled_logprobs is not None:
             self._collect_logprobs(states, token_ids, host, result)
 
-    @staticmethod
-    def _grammar_ended(state: RequestState, token: int) -> bool:
-        if not state.grammar.accept(token):
-            # Only when every token was masked (e.g. min_tokens banning the EOS a
-            # finished grammar allows): end rather than emit what breaks the grammar.
-            logger.warning(
-                "request %s: token %d breaks its grammar; ending it", state.req_id, token
-            )
-            return True
-        return state.grammar.is_terminated
+    def _follow_grammar(self, state: RequestState, token: int, result: ModelRunnerOutput) -> int:
+        """Advance the request's matcher; the token it gets (EOS when the grammar
+        refuses the sampled one)."""
+        if state.grammar.accept(token):
+            if state.grammar.is_terminated:
+                result.grammar_ended.add(state.req_id)
+            return token
+        # NOTE: only when every token was masked: min_tokens banned the EOS that a
+        # finished grammar allows alone. The grammar wins: the answer ends, valid.
+        result.grammar_ended.add(state.req_id)
+        eos = self.spec.eos_token_ids
+        logger.debug("request %s: grammar ended before min_tokens", state.req_id)
+        return eos[0] if eos else token
 
     @staticmethod
     def _collect_logprobs(states, token_ids, host: list[list[float]], result) -> None:

@@ -58,6 +58,14 @@ def configure_cpu_threads(config: DeviceConfig) -> int:
     if threads < len(cores):
         # Pin to the first `threads` cores so torch's pool does not migrate.
         os.sched_setaffinity(0, cores[:threads])
+    elif threads > len(cores):
+        logger.warning(
+            "%d compute threads on %d cores take turns, and every step waits for the "
+            "slowest: give --cpu-threads %d or more cores",
+            threads,
+            len(cores),
+            len(cores),
+        )
     torch.set_num_threads(threads)
     load = os.getloadavg()[0]
     if load > 0.5 * len(cores):

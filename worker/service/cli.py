@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 
 from shared.cli_args import add_dataclass_args, dataclass_from_args
 from shared.errors import ConfigError, UnavailableError
@@ -73,6 +75,20 @@ async def serve(engine_config: EngineConfig, config: WorkerServiceConfig) -> int
     return 0
 
 
+def _stop_children() -> None:
+    """SIGTERM this process's own children (a kernel build's compiler), which would
+    otherwise run on, orphaned, beside the next start's build."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:  # the parent's pid, after the state field
+            with contextlib.suppress(OSError):
+                os.kill(int(stat.parent.name), signal.SIGTERM)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         engine_config = EngineConfig.from_cli_args(args)
@@ -103,5 +119,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except StoppedWhileLoading:
         logger.info("stopped while loading the model: exiting without waiting for it")
+        _stop_children()
         logging.shutdown()
         os._exit(0)

@@ -10,7 +10,7 @@ from shared.errors import InvalidRequestError
 from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.registry import WorkerInfo, WorkerLoad
-from shared.sampling_params import MAX_LOGPROBS, SamplingParams
+from shared.sampling_params import SamplingParams
 from shared.sampling_proto import check_no_router_fields, params_from_proto, params_to_proto
 from worker.engine.llm_engine import LLMEngine
 from worker.outputs import RequestDelta, TokenLogprobs
@@ -122,7 +122,7 @@ def model_info(engine: LLMEngine, info: WorkerInfo, max_waiting: int) -> pb.GetM
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         max_waiting=max_waiting,
-        max_logprobs=MAX_LOGPROBS,
+        max_logprobs=config.model.max_logprobs,
         worker_id=info.worker_id,
         epoch=info.epoch,
         dtype=str(engine.core.dtype).removeprefix("torch."),

@@ -112,6 +112,7 @@ class EngineLoop:
         self.is_broken = False
         # Set when the model's ranks are gone: the worker must stop (server.py).
         self.fatal_error: ExecutorFailure | None = None
+        self._is_fatal_unreported = False
         self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
 
     # ---- called from other threads --------------------------------------------
@@ -277,7 +278,7 @@ class EngineLoop:
             # retries elsewhere; the server stops the worker.
             logger.error("%s; failing %d requests", exc, len(self._unfinished))
             self.fatal_error = exc
-            self.is_broken = True
+            self.is_broken = self._is_fatal_unreported = True
             for engine_id in self._unfinished:
                 self._outbox.append((engine_id, exc))
                 self.engine.abort_request(engine_id)  # the scheduler's side only
@@ -303,8 +304,10 @@ class EngineLoop:
         self._load.record_step(stats, 0, 0)
 
     def _flush(self) -> None:
-        if not self._outbox:
+        # A fatal error goes out even with no stream to end: the server stops on it.
+        if not self._outbox and not self._is_fatal_unreported:
             return
+        self._is_fatal_unreported = False
         batch, self._outbox = self._outbox, []
         # RuntimeError: the event loop closed under us while shutting down.
         with contextlib.suppress(RuntimeError):

@@ -21,12 +21,15 @@ computed tokens (prefix hits included).
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.logging import get_logger
 from worker.stats import SchedulerStats
 
 if TYPE_CHECKING:
@@ -48,6 +51,25 @@ _REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+logger = get_logger(__name__)
+
+
+def _never_raises(method: Callable) -> Callable:
+    """Metrics run on the engine thread between steps: a bug in them must cost a
+    log line, never the engine."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            method(self, *args, **kwargs)
+        except Exception:
+            if not self.has_failed:
+                logger.exception("metrics failed (the engine goes on; metrics may be off)")
+            self.has_failed = True
+
+    return guarded
 
 
 def buckets_1_2_5(max_value: int) -> list[int]:
@@ -94,6 +116,12 @@ class WorkerMetrics:
         )
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        # vLLM still serves the old name beside it, and its example dashboard reads it.
+        self.gpu_cache_usage = gauge(
+            "gpu_cache_usage_perc",
+            "GPU KV-cache usage. 1 means 100 percent usage. "
+            "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+        )
         self.prefix_queries = counter(
             "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
@@ -136,6 +164,17 @@ class WorkerMetrics:
             "Histogram of inter-token latency in seconds.",
             _ITL_BUCKETS,
         )
+        # The same gaps under the older name vLLM's example dashboard reads (as vLLM does).
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            _ITL_BUCKETS,
+        )
+        self.max_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            token_buckets,
+        )
         timings = {
             "e2e": ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
             "queue": ("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
@@ -150,15 +189,19 @@ class WorkerMetrics:
         # engine id -> sample index -> its times; and the samples not scheduled yet
         self._requests: dict[str, dict[int, _Sample]] = {}
         self._unscheduled: list[_Sample] = []
+        self._most_generated: dict[str, int] = {}  # engine id -> its longest sample so far
+        self.has_failed = False
         self._last: SchedulerStats | None = None
 
     # ---- the engine thread ---------------------------------------------------------
 
+    @_never_raises
     def start_counting(self, stats: SchedulerStats) -> None:
         """Cumulative engine counts from here on (the warm-up is not traffic)."""
         self._last = stats
         self._set_gauges(stats)
 
+    @_never_raises
     def added(self, engine_id: str, num_samples: int) -> None:
         now = time.monotonic()
         ids = [engine_id] if num_samples == 1 else [f"{engine_id}#{i}" for i in range(num_samples)]
@@ -166,17 +209,21 @@ class WorkerMetrics:
         self._requests[engine_id] = samples
         self._unscheduled.extend(samples.values())
 
+    @_never_raises
     def aborted(self, engine_id: str) -> None:
         samples = self._requests.pop(engine_id, None)
+        self._most_generated.pop(engine_id, None)
         if samples is not None:
             self.success["abort"].inc(len(samples))
             gone = set(map(id, samples.values()))
             self._unscheduled = [s for s in self._unscheduled if id(s) not in gone]
 
+    @_never_raises
     def idle(self, stats: SchedulerStats) -> None:
         """No step followed a change (the last request was aborted): gauges only."""
         self._count_engine(stats)
 
+    @_never_raises
     def stepped(self, started: float, output: EngineStepOutput, scheduler: Scheduler) -> None:
         now = time.monotonic()
         self._count_engine(output.stats)
@@ -200,8 +247,12 @@ class WorkerMetrics:
             if delta.finished:
                 self._finished(sample, delta.finish_reason, now)
                 del samples[delta.index]
-                if not samples:
+                most = max(self._most_generated.pop(delta.request_id, 0), sample.num_generated)
+                if samples:
+                    self._most_generated[delta.request_id] = most
+                else:
                     del self._requests[delta.request_id]
+                    self.max_generation_tokens.observe(most)
 
     def _tokens(self, sample: _Sample, num_new: int, num_prompt: int, now: float) -> None:
         if sample.first_token is None:
@@ -211,6 +262,7 @@ class WorkerMetrics:
             self.ttft.observe(now - sample.arrival)
         else:
             self.itl.observe(now - sample.last_token)
+            self.tpot.observe(now - sample.last_token)
         sample.last_token = now
         sample.num_generated += num_new
         self.generation_tokens.inc(num_new)
@@ -242,3 +294,4 @@ class WorkerMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
+        self.gpu_cache_usage.set(stats.kv_usage)

@@ -25,6 +25,7 @@ from typing import Any
 
 from shared.errors import InvalidRequestError
 from shared.structured_outputs import FIELD, StructuredOutputsParams
+from worker.structured.schema_check import check_enforceable
 
 MAX_CACHED_GRAMMARS = 256
 NUM_COMPILE_THREADS = 2
@@ -92,6 +93,8 @@ class GrammarCompiler:
     def _compile(self, constraint: StructuredOutputsParams) -> Any:
         compiler = self._compiler()
         kind = constraint.kind
+        if kind == "json":
+            check_enforceable(constraint.json)
         try:
             if kind == "json":
                 # Compact separators (", " and ": ", as json.dumps): with any whitespace
@@ -107,6 +110,13 @@ class GrammarCompiler:
         except (RuntimeError, ValueError) as exc:
             reason = _LOG_PREFIX.sub("", str(exc).strip())
             raise InvalidRequestError(f"{FIELD}.{kind}", f"does not compile: {reason}") from None
+
+    def clear_cache(self) -> None:
+        """Forget every compiled grammar (ours and xgrammar's own)."""
+        with self._lock:
+            self._cache.clear()
+            if self._xgr_compiler is not None:
+                self._xgr_compiler.clear_cache()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

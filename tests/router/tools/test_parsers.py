@@ -114,3 +114,16 @@ def test_reasoning_then_a_tool_call():
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
     for chunks in splits(output):
         assert streamed(parser, chunks) == ("Need the weather.", "", [("get_time", {})])
+
+
+def test_hermes_streams_arguments_as_written_before_the_block_closes():
+    stream = MessageStream(MessageParser(tools=get_tool_parser("hermes")))
+    head = stream.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert head[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert head[1]["tool_calls"][0]["function"] == {"arguments": '{"city": "Pa'}
+    # The "}" might close the outer object: held until the block closes.
+    assert stream.feed('ris"}') == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'ris"'}}]}
+    ]
+    tail = stream.feed("}\n</tool_call>") + stream.finish()
+    assert tail == [{"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}]

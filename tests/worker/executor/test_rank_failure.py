@@ -24,6 +24,8 @@ from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.executor import ExecutorFailure
 from worker.executor.placement import free_port
+from worker.service.background import BackgroundWorker
+from worker.service.config import WorkerServiceConfig
 
 ENGINE = dict(block_size=4, max_model_len=128, num_kv_blocks=64, tensor_parallel_size=2)
 LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
@@ -50,6 +52,7 @@ def _rank_pids(parent: int) -> list[int]:
     return sorted(pids)
 
 
+@pytest.mark.slow  # the worker-process test below covers this path too
 def test_a_rank_killed_mid_step_fails_the_step_instead_of_hanging(make_checkpoint):
     engine = LLMEngine(EngineConfig.from_kwargs(model=str(make_checkpoint("llama")), **ENGINE))
     executor = engine.core.executor
@@ -78,19 +81,27 @@ def test_a_rank_killed_mid_step_fails_the_step_instead_of_hanging(make_checkpoin
     assert all(p.poll() is not None for p in executor.processes)
 
 
-def test_a_rank_that_dies_while_idle_is_noticed(make_checkpoint):
-    engine = LLMEngine(EngineConfig.from_kwargs(model=str(make_checkpoint("llama")), **ENGINE))
-    failures: list[ExecutorFailure] = []
-    engine.core.executor.on_failure = failures.append
+def test_a_rank_that_dies_while_the_worker_is_idle_is_noticed(make_checkpoint):
+    """No step runs to trip over it: the rank monitor fails the engine, health
+    turns NOT_SERVING and the server marks itself failed (the CLI then exits)."""
+    config = EngineConfig.from_kwargs(model=str(make_checkpoint("llama")), **ENGINE)
+    worker = BackgroundWorker(config, WorkerServiceConfig(host="127.0.0.1", port=0))
+    worker.start()
     try:
-        engine.core.executor.processes[0].send_signal(signal.SIGKILL)
-        wait_for(lambda: failures, timeout=30, what="the rank monitor")
-        assert "tensor-parallel rank 0" in str(failures[0])
-        with pytest.raises(ExecutorFailure):
-            engine.add_request("r", [5, 6, 7], LONG)
-            engine.step()
+        worker.engine.core.executor.processes[0].send_signal(signal.SIGKILL)
+        wait_for(worker.server.failed.is_set, timeout=30, what="the server to fail")
+        assert "tensor-parallel rank 0" in str(worker.server.engine_loop.fatal_error)
+        with grpc.insecure_channel(worker.address) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+            assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                list(pb_grpc.WorkerServiceStub(channel).Generate(request([5, 6]), timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
-        engine.shutdown()
+        worker.stop()
+    assert all(p.poll() is not None for p in worker.engine.core.executor.processes)
 
 
 def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
@@ -135,6 +146,26 @@ def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
             assert exc.code() == grpc.StatusCode.UNAVAILABLE
         assert worker.process.wait(60) == 1
         channel.close()
+        wait_for(lambda: all(_is_gone(pid) for pid in ranks), timeout=30, what="ranks to exit")
+    finally:
+        worker.stop(timeout=5)
+
+
+@pytest.mark.slow
+def test_ranks_die_with_their_worker(make_checkpoint, tmp_path):
+    """SIGKILL gives the worker no chance to stop them: PR_SET_PDEATHSIG does."""
+    port = free_port()
+    args = ["--model", str(make_checkpoint("llama")), "--host", "127.0.0.1", f"--port={port}"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    worker = PagodaProcess("worker", args, tmp_path / "worker.log")
+    try:
+        ranks = wait_for(
+            lambda: worker.check_alive() or (_rank_pids(worker.process.pid)[1:] and
+                                             _rank_pids(worker.process.pid)),
+            timeout=180, interval=0.2, what="two ranks",
+        )  # fmt: skip
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait(30)
         wait_for(lambda: all(_is_gone(pid) for pid in ranks), timeout=30, what="ranks to exit")
     finally:
         worker.stop(timeout=5)

@@ -75,6 +75,10 @@ def test_metrics_count_the_traffic_with_vllms_names(start_worker):
         "vllm:request_prompt_tokens": "histogram",
         "vllm:request_generation_tokens": "histogram",
         "vllm:iteration_tokens_total": "histogram",
+        # older names vLLM still serves, which its example Grafana dashboard reads
+        "vllm:gpu_cache_usage_perc": "gauge",
+        "vllm:time_per_output_token_seconds": "histogram",
+        "vllm:request_max_num_generation_tokens": "histogram",
     }
     assert {name: after[name][0] for name in types} == types
     for name, (_, samples) in after.items():
@@ -139,3 +143,16 @@ def test_metrics_count_the_traffic_with_vllms_names(start_worker):
         interval=0.05,
         what="the abort counted",
     )
+
+
+def test_a_failing_metric_costs_a_log_line_not_the_engine(start_worker, monkeypatch):
+    worker = start_worker()
+    metrics = worker.server.engine_loop.metrics
+
+    def broken(*args):
+        raise RuntimeError("a metrics bug")
+
+    monkeypatch.setattr(metrics, "_tokens", broken)
+    out = generate(worker.stub, PROMPT, temperature=0, max_tokens=3, ignore_eos=True)
+    assert len(out.token_ids()) == 3
+    assert metrics.has_failed

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
-from tests.cluster import ENGINE_FLAGS, PagodaProcess
+from tests.cluster import ENGINE_FLAGS, REPO_ROOT, PagodaProcess
 from tests.conftest import wait_for
 from tests.redis_server import free_port
 
@@ -31,3 +33,16 @@ def test_sigterm_while_loading_stops_the_worker_promptly(make_checkpoint, tmp_pa
     log = worker.log()
     assert "stopped while loading the model" in log
     assert "serving" not in log
+
+
+def test_stopping_while_loading_ends_the_build_processes_it_started():
+    """A kernel build's compiler is a child of the worker: it must not run on, orphaned."""
+    script = (
+        "import subprocess; from worker.service.cli import _stop_children; "
+        "build = subprocess.Popen(['sleep', '60']); _stop_children(); print(build.wait(10))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert result.stdout.strip() == str(-signal.SIGTERM), result.stderr

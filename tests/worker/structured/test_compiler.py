@@ -92,3 +92,25 @@ def test_choice_grammar_escapes_quotes():
 def test_form_is_checked_before_compiling(kwargs, message):
     with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(")):
         StructuredOutputsParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "schema, where, keyword",
+    [
+        ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "#", "'allOf'"),
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "#/properties/a", "'not'"),
+        ({"type": "array", "items": {"if": {"type": "string"}, "then": {}}}, "#/items", "'if'"),
+        ({"anyOf": [{"type": "string", "format": "credit-card"}]}, "#/anyOf/0", "'credit-card'"),
+    ],
+)  # fmt: skip
+def test_keywords_the_grammar_would_ignore_are_refused(compiler, schema, where, keyword):
+    with pytest.raises(InvalidRequestError) as info:
+        compiler.compile(StructuredOutputsParams.from_schema(schema))
+    assert info.value.field == "structured_outputs.json"
+    assert str(info.value).startswith(f"structured_outputs.json: {where}: ")
+    assert keyword in str(info.value)
+
+
+def test_a_property_named_like_a_keyword_is_fine(compiler):
+    schema = {"type": "object", "properties": {"not": {"type": "string", "format": "date"}}}
+    assert compiler.compile(StructuredOutputsParams.from_schema(schema)) is not None

@@ -211,6 +211,7 @@ class CompressedTensorsFp8Method(LinearMethodBase):
             make_per_shard_param(layer, "weight_scale", len(output_partition_sizes))
         if self.static_inputs:
             make_per_shard_param(layer, "input_scale", len(output_partition_sizes))
+        layer.act_dtype = params_dtype
 
     def process_weights_after_loading(self, layer):
         scales = layer.weight_scale.data
@@ -218,7 +219,7 @@ class CompressedTensorsFp8Method(LinearMethodBase):
             sizes = torch.tensor(layer.output_partition_sizes, device=scales.device)
             scales = scales.repeat_interleave(sizes)[:, None]  # [out, 1]
         drop = ["weight", "weight_scale"] + (["input_scale"] if self.static_inputs else [])
-        set_fp8_weight(layer, drop, layer.weight.data, scales)
+        set_fp8_weight(layer, drop, layer.weight.data, scales, layer.act_dtype)
 
     def apply(self, layer, x, bias):
         return apply_fp8_weight(layer, x, bias)

@@ -108,17 +108,23 @@ class Fp8LinearMethod(LinearMethodBase):
             )
         if self.config.static_activations:
             make_ignored_param(layer, "input_scale", torch.zeros(len(output_partition_sizes)))
+        layer.act_dtype = params_dtype
 
     def process_weights_after_loading(self, layer):
         drop = ["weight", "input_scale"] if self.config.static_activations else ["weight"]
         if self.config.block is None:
             sizes = torch.tensor(layer.output_partition_sizes, device=layer.weight.device)
             rows = layer.weight_scale.data.repeat_interleave(sizes)[:, None]  # [out, 1]
-            set_fp8_weight(layer, [*drop, "weight_scale"], layer.weight.data, rows)
+            set_fp8_weight(layer, [*drop, "weight_scale"], layer.weight.data, rows, layer.act_dtype)
         else:
             scales = layer.weight_scale_inv.data
             set_fp8_weight(
-                layer, [*drop, "weight_scale_inv"], layer.weight.data, scales, self.config.block
+                layer,
+                [*drop, "weight_scale_inv"],
+                layer.weight.data,
+                scales,
+                layer.act_dtype,
+                self.config.block,
             )
 
     def apply(self, layer, x, bias):
@@ -127,11 +133,12 @@ class Fp8LinearMethod(LinearMethodBase):
 
 class Fp8AtLoadMethod(UnquantizedLinearMethod):
     def process_weights_after_loading(self, layer):
+        dtype = layer.weight.dtype
         weight, columns = whole_input_rows(layer)
         weight, scales = quantize_fp8_rows(weight)  # a scale per whole row
         if columns is not None:
             weight = weight[:, columns]
-        set_fp8_weight(layer, ["weight"], weight, scales)
+        set_fp8_weight(layer, ["weight"], weight, scales, dtype)
 
     def apply(self, layer, x, bias):
         return apply_fp8_weight(layer, x, bias)

@@ -7,8 +7,9 @@ float-quantized and FP8 at load repack into.
 
 w = weight * scale. The activations stay in the model dtype (the checkpoint's
 input scales, for FP8 activations on GPUs, are read and dropped): this is the
-W8A16 path. No CPU has FP8 arithmetic, so `apply` is the twin: dequantize to
-the activation dtype, then `F.linear`; the weight bytes stay halved.
+W8A16 path. No CPU has FP8 arithmetic: with bf16 activations on AVX512-BF16
+the codes become bf16 in registers (kernels/cpu/gemm_weight_only.cpp), else
+`apply` is the twin: dequantize to the activation dtype, then `F.linear`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import load_weight_only_kernels
+from shared import env
 from worker.layers.quantization.base import replace_params
+from worker.layers.quantization.int_weight import byte_panels_fit
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -50,19 +54,36 @@ def set_fp8_weight(
     drop: list[str],
     weight: torch.Tensor,
     scales: torch.Tensor,
+    act_dtype: torch.dtype,
     block: tuple[int, int] | None = None,
+    use_kernel: bool | None = None,
 ) -> None:
-    """Replace the checkpoint-format parameters `drop` by (weight, scales)."""
-    replace_params(
-        layer,
-        drop,
-        fp8_weight=weight.to(FP8).contiguous(),
-        fp8_scales=scales.to(torch.float32).contiguous(),
-    )
-    layer.fp8_block = block
+    """Replace the checkpoint-format parameters `drop` by (weight, scales): in
+    the byte panels of kernels/cpu/gemm_weight_only.cpp where it runs them
+    (per-row scales, bf16 activations, a CPU with AVX512-BF16), else as they
+    are for the twin. `use_kernel` forces the choice (tests)."""
+    weight = weight.to(FP8).contiguous()
+    if use_kernel is None:
+        use_kernel = (
+            block is None
+            and weight.device.type == "cpu"
+            and env.cpu_quantized_kernels()
+            and byte_panels_fit(tuple(weight.shape), act_dtype)
+        )
+    if use_kernel:
+        weight = load_weight_only_kernels().pack_byte_panels(weight)  # [out / 32, in / 2, 64]
+        scales = scales.reshape(-1)  # [out]
+    replace_params(layer, drop, fp8_weight=weight, fp8_scales=scales.to(torch.float32).contiguous())
+    layer.fp8_block, layer.fp8_kernel = block, use_kernel
 
 
 def apply_fp8_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None):
     """x: [num_tokens, in] -> [num_tokens, out]."""
+    if layer.fp8_kernel:
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        out = load_weight_only_kernels().weight_only_linear(
+            x2, layer.fp8_weight, layer.fp8_scales, bias, fp8=True
+        )
+        return out.view(*x.shape[:-1], out.shape[-1])
     weight = dequantize_fp8(layer.fp8_weight, layer.fp8_scales, x.dtype, layer.fp8_block)
     return F.linear(x, weight, bias)

@@ -11,6 +11,12 @@ only in how their codes lie on disk. After loading, each hands
 
 and the layer keeps it in the form the kernel chosen for its shape reads:
 
+* `int8panel`: Pagoda's AVX512-BF16 weight-only linear (kernels/cpu/
+  gemm_weight_only.cpp), for 8-bit symmetric per-row codes with bf16
+  activations: the codes in the bf16 panel layout at a byte each;
+* `int4panel`: the same kernel file's 4-bit linear, for 4-bit codes in groups
+  that are runs of inputs (act-order ones once sorted) with bf16 activations:
+  nibbles in the panel layout, each group summed apart and scaled once;
 * `int8pack`: torch's `_weight_int8pack_mm` (int8 [out, in] x per-output scale),
   for 8-bit codes with one group per row and the zero at 128 (symmetric);
 * `int4pack`: torch's `_weight_int4pack_mm_for_cpu` (its own packed layout,
@@ -29,10 +35,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import load_weight_only_kernels
 from shared import env
 from worker.layers.quantization.base import replace_params
 
 INT4_GROUP_SIZES = (256, 128, 64, 32)
+
+
+def byte_panels_fit(shape: tuple[int, int], act_dtype: torch.dtype) -> bool:
+    """Whether kernels/cpu/gemm_weight_only.cpp runs an 8-bit weight of this
+    [out, in] shape: bf16 activations, out % 32 == 0, even in, AVX512-BF16."""
+    if act_dtype != torch.bfloat16 or shape[0] % 32 or shape[1] % 2:
+        return False
+    kernels = load_weight_only_kernels()
+    return kernels is not None and kernels.supported()
 
 
 def dequantize(
@@ -87,14 +103,22 @@ def _contiguous_groups(g_idx: torch.Tensor, num_groups: int) -> tuple[torch.Tens
 
 
 def choose_kernel(
-    bits: int, group_size: int, symmetric_per_row: bool, out_features: int, device: torch.device
+    bits: int,
+    group_size: int,
+    symmetric_per_row: bool,
+    shape: tuple[int, int],
+    device: torch.device,
+    act_dtype: torch.dtype,
 ) -> str:
-    """`int8pack`, `int4pack` or `dequant` for codes of this shape (group_size 0:
-    groups not contiguous). torch's weight-only kernels are CPU ones here."""
+    """`int8panel`, `int8pack`, `int4panel`, `int4pack` or `dequant` for codes of this shape
+    (group_size 0: groups not contiguous). The weight-only kernels are CPU ones."""
+    out_features = shape[0]
     if device.type != "cpu" or not env.cpu_quantized_kernels():
         return "dequant"
     if bits == 8 and symmetric_per_row:
-        return "int8pack"
+        return "int8panel" if byte_panels_fit(shape, act_dtype) else "int8pack"
+    if bits == 4 and group_size > 0 and group_size % 2 == 0 and byte_panels_fit(shape, act_dtype):
+        return "int4panel"
     fits_int4 = group_size > 0 and any(group_size % g == 0 for g in INT4_GROUP_SIZES)
     if bits == 4 and fits_int4 and out_features % 16 == 0:
         return "int4pack"
@@ -114,19 +138,36 @@ def set_int_weight(
 ) -> None:
     """Replace the checkpoint-format parameters `drop` of `layer` by the kernel
     form of (codes, scales, zeros, g_idx); `kernel` forces one (tests)."""
-    out_features = codes.shape[0]
     num_groups = scales.shape[1]
     perm, group_size = _contiguous_groups(g_idx, num_groups)
     one_group = num_groups == 1 and bool((zeros == 2 ** (bits - 1)).all())
-    kernel = kernel or choose_kernel(bits, group_size, one_group, out_features, codes.device)
+    kernel = kernel or choose_kernel(
+        bits, group_size, one_group, tuple(codes.shape), codes.device, act_dtype
+    )
     layer.int_kernel, layer.int_bits = kernel, bits
-    if kernel == "int8pack":
-        assert one_group, "int8pack takes symmetric per-output scales"
+    if kernel in ("int8pack", "int8panel"):
+        assert one_group, f"{kernel} takes symmetric per-output scales"
         weight = (codes.to(torch.int16) - 128).to(torch.int8).contiguous()  # [out, in]
+        if kernel == "int8panel":  # [out / 32, in / 2, 64] bytes, float32 scales
+            weight = load_weight_only_kernels().pack_byte_panels(weight)
+        scale_dtype = torch.float32 if kernel == "int8panel" else act_dtype
         replace_params(
-            layer, drop, int_weight=weight, int_scales=scales[:, 0].to(act_dtype).contiguous()
+            layer, drop, int_weight=weight, int_scales=scales[:, 0].to(scale_dtype).contiguous()
         )
         layer.input_perm = None
+        return
+    if kernel == "int4panel":
+        assert bits == 4 and group_size > 0
+        sorted_codes = codes if perm is None else codes[:, perm]
+        s = scales.to(torch.float32)
+        replace_params(
+            layer,
+            drop,
+            int_weight=load_weight_only_kernels().pack_int4_panels(sorted_codes.to(torch.uint8)),
+            int_scales=s.t().contiguous(),  # [groups, out]
+            int_offsets=(s * (zeros.to(torch.float32) - 8)).t().contiguous(),
+        )
+        layer.int_group_size, layer.input_perm = group_size, perm
         return
     if kernel == "int4pack":
         assert bits == 4 and group_size > 0
@@ -148,6 +189,8 @@ def set_int_weight(
         )
         layer.int_group_size, layer.input_perm = kernel_group, perm
         return
+    if group_size > 0:  # groups as runs: the twin broadcasts scales over them, x is sorted
+        codes, g_idx = (codes, g_idx) if perm is None else (codes[:, perm], g_idx[perm])
     stored = pack_nibbles(codes) if bits == 4 else codes.to(torch.uint8).contiguous()
     replace_params(
         layer,
@@ -157,24 +200,42 @@ def set_int_weight(
         int_zeros=zeros.to(act_dtype).contiguous(),
         int_g_idx=g_idx.to(torch.int64).contiguous(),
     )
-    layer.input_perm = None
+    layer.int_group_size, layer.input_perm = group_size, perm
 
 
 def int_weight_dense(layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """The twin's weight of a `dequant` layer: [out, in] in `dtype`."""
     codes = unpack_nibbles(layer.int_weight) if layer.int_bits == 4 else layer.int_weight
-    return dequantize(codes, layer.int_scales, layer.int_zeros, layer.int_g_idx, dtype)
+    size = layer.int_group_size
+    if not size:
+        return dequantize(codes, layer.int_scales, layer.int_zeros, layer.int_g_idx, dtype)
+    # Runs of `size` inputs per group: no [out, in] gather of scales. Where dtype is
+    # bf16 both factors are bf16 and their product rounds once, as in `dequantize`.
+    out_features, in_features = codes.shape
+    grouped = codes.view(out_features, -1, size).to(dtype)  # [out, groups, size]
+    zeros, scales = layer.int_zeros.to(dtype)[..., None], layer.int_scales.to(dtype)[..., None]
+    return ((grouped - zeros) * scales).view(out_features, in_features)
 
 
 def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [num_tokens, in] -> [num_tokens, out] through the layer's kernel."""
     kernel = layer.int_kernel
-    if kernel == "dequant":
-        return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     if layer.input_perm is not None:
         x = x.index_select(-1, layer.input_perm)
+    if kernel == "dequant":
+        return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # the kernels read rows densely
+    if kernel == "int8panel":
+        out = load_weight_only_kernels().weight_only_linear(
+            x2, layer.int_weight, layer.int_scales, bias
+        )
+        return out.view(*lead, out.shape[-1])
+    if kernel == "int4panel":
+        out = load_weight_only_kernels().int4_linear(
+            x2, layer.int_weight, layer.int_scales, layer.int_offsets, layer.int_group_size, bias
+        )
+        return out.view(*lead, out.shape[-1])
     if kernel == "int8pack":
         out = torch.ops.aten._weight_int8pack_mm(x2, layer.int_weight, layer.int_scales)
     else:
