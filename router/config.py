@@ -141,6 +141,14 @@ class RouterConfig:
             "stream) before it counts as hung: its streams move to other workers."
         },
     )
+    request_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a request may run, from its arrival, before it ends with an "
+            "error (504 / DEADLINE_EXCEEDED) and its worker call is cancelled "
+            "(default: no limit)."
+        },
+    )
     tokenizer_threads: int = field(
         default=2, metadata={"help": "Threads that tokenize and render chat templates."}
     )
@@ -206,7 +214,13 @@ class RouterConfig:
             )
         if self.migration_limit < 0:
             raise ConfigError(f"--migration-limit must be >= 0, got {self.migration_limit}")
-        for name in ("choice_ttl", "load_interval", "discovery_interval", "worker_stall_timeout"):
+        for name in (
+            "choice_ttl",
+            "load_interval",
+            "discovery_interval",
+            "worker_stall_timeout",
+            "request_timeout",
+        ):
             _positive(name, getattr(self, name))
         if not 0 <= self.affinity_threshold <= 1:
             raise ConfigError(

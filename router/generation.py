@@ -98,6 +98,7 @@ class Generation:
                 self.cache_salt,
                 self.arrival,
                 self.priority,
+                timeout=self._dispatcher.request_timeout,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -196,6 +197,13 @@ class Generation:
                 except WorkerFailedError as exc:
                     if not self._may_resume(generated):
                         raise
+                    if len(generated) >= self._jobs[prompt_index].params.max_tokens:
+                        # Every token was sent; only the finish was lost with the worker.
+                        end = wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_LENGTH)
+                        delta = choices[0].push(end)
+                        if delta is not None:
+                            yield delta
+                        return
                     logger.warning(
                         "request %s: %s; resuming it elsewhere after %d tokens",
                         self.request_id,
@@ -231,3 +239,5 @@ class Generation:
             self._jobs[prompt_index], generated, failed.handle.address
         )
         self._jobs[prompt_index], self.streams[prompt_index] = job, stream
+        if self._interrupted is not None:  # shut down while this one was opening
+            stream.interrupt(self._interrupted)

@@ -67,6 +67,7 @@ class WorkerJob:
     priority: int = 0  # the worker's --scheduling-policy priority; lower runs first
     # Tokens a failed worker generated already (a resumed request; n = 1).
     output_token_ids: list[int] = field(default_factory=list)
+    timeout: float | None = None  # --request-timeout, from arrival
 
 
 class Dispatcher:
@@ -79,6 +80,7 @@ class Dispatcher:
         self._metrics = metrics
         self._choice_ttl = config.effective_choice_ttl
         self.migration_limit = config.migration_limit
+        self.request_timeout = config.request_timeout
         self._background: set[asyncio.Task] = set()
         # Open generations (router/generation.py), ended at shutdown.
         self.generations: weakref.WeakSet = weakref.WeakSet()
@@ -121,6 +123,8 @@ class Dispatcher:
             try:
                 await stream.start(request)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and job.timeout is not None:
+                    raise stream.timed_out_error() from exc
                 if exc.code() not in _RETRYABLE:
                     raise error_from_rpc(exc) from exc
                 logger.warning(

@@ -32,6 +32,13 @@ if TYPE_CHECKING:
     from router.routing.dispatcher import WorkerJob
 
 
+class RequestTimeoutError(PagodaError):
+    """The request ran past --request-timeout; its worker call was cancelled."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+    http_status = 504
+
+
 class WorkerFailedError(UnavailableError):
     """The worker failed after its first response: what it sent stands; the rest is
     generated elsewhere (Generation resumes it) or lost."""
@@ -96,7 +103,7 @@ class WorkerStream:
         num_seqs = self.job.params.n if self.job.params.HasField("n") else 1
         self._ticket = self.handle.begin(self._num_prefill_tokens, num_seqs)
         self._gauge()
-        self._call = self.handle.stub.Generate(request)
+        self._call = self.handle.stub.Generate(request, timeout=self._time_left())
         self.handle.streams.add(self)
         try:
             first = await self._read()
@@ -127,6 +134,8 @@ class WorkerStream:
                 try:
                     response = await self._read()
                 except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise self.timed_out_error() from exc
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:
                         self.handle.mark_failed()
                     raise WorkerFailedError(
@@ -170,6 +179,18 @@ class WorkerStream:
             if self._interrupted is None or cancelled_here:
                 raise
             raise self._interrupted from None
+
+    def _time_left(self) -> float | None:
+        """Seconds left of the request's --request-timeout (the call's deadline)."""
+        if self.job.timeout is None:
+            return None
+        return max(self.job.arrival + self.job.timeout - time.monotonic(), 0.001)
+
+    def timed_out_error(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"the request ran longer than --request-timeout ({self.job.timeout:g} s); "
+            "the output is incomplete"
+        )
 
     def _observe(self, response: wpb.GenerateResponse) -> None:
         self.handle.heard()

@@ -224,3 +224,39 @@ def test_a_hundred_clients_leaving_mid_stream_leave_no_kv_blocks(make_fault_serv
             wait_for(lambda a=address: worker_load(a).num_kv_blocks_used == 0, timeout=15)
             assert worker_load(address).num_active_streams == 0
     print(json.dumps({"fault": "100 clients disconnecting mid-stream", "kv_blocks_left": 0}))
+
+
+def test_redis_killed_and_restarted_under_traffic(make_checkpoint, tmp_path):
+    from tests.redis_server import RedisServer
+
+    if not RedisServer.available():
+        pytest.skip("needs a redis-server binary")
+    redis = RedisServer()
+    redis.start()
+    store = [f"--redis-url={redis.url}", "--redis-prefix=faults"]
+    model = make_checkpoint("llama")
+    workers = [
+        start_worker(
+            model,
+            [*store, f"--worker-id=w{i}", f"--served-model-name={MODEL}", "--heartbeat-ttl=2"],
+            tmp_path / f"worker-{i}.log",
+        )
+        for i in range(2)
+    ]
+    router = start_router(
+        "router", [*store, f"--api-key={API_KEY}", "--load-interval=0.2"], tmp_path / "router.log"
+    )
+    try:
+        wait_serving(router.process, router.base_url, 2)
+
+        def outage() -> None:
+            redis.stop()
+            time.sleep(4.0)
+            redis.start()
+
+        traffic = run_traffic(router.base_url, outage, seconds_after=4.0)
+    finally:
+        stop_all([router.process, *workers])
+        redis.stop()
+    row = report("Redis killed for 4 s, then restarted", traffic)
+    assert row["lost"] == row["hung"] == row["error"] == 0 and row["completed"] > 20

@@ -9,12 +9,14 @@ import signal
 import threading
 
 import httpx
+import pytest
 
 from tests.faults.conftest import fault_serve
 from tests.faults.test_worker_hang import FLAGS
 from tests.router.conftest import MODEL
 
 
+@pytest.mark.slow  # its own pagoda serve: ~15-35 s on a loaded machine
 def test_a_stream_cut_by_the_shutdown_timeout_ends_with_finish_reason_and_error(
     make_checkpoint, tmp_path
 ):

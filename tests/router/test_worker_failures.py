@@ -125,3 +125,18 @@ def test_a_failure_after_the_first_token_resumes_the_request_elsewhere(faulty_cl
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 4
     assert migrations(router) == moved + 2
+
+
+def test_a_worker_failing_after_its_last_token_finishes_the_answer_as_length(faulty_cluster):
+    faulty, router, client = faulty_cluster
+    faulty.mode, moved = "after", migrations(router)
+    wait_serving(router.process, router.base_url, 2)
+    # The faulty worker sends the one token asked for, then fails: nothing to resume.
+    with client.completions.with_streaming_response.create(
+        model=MODEL, prompt="one", max_tokens=1, stream=True, stream_options={"include_usage": True}
+    ) as raw:
+        assert raw.headers["x-pagoda-worker"] == "a-faulty"
+        chunks = list(raw.parse())
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 1
+    assert migrations(router) == moved

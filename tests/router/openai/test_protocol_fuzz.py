@@ -58,7 +58,7 @@ def test_any_json_is_a_request_or_a_clean_400(value):
 
 
 @given(body=bodies)
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 def test_request_shaped_json_is_a_request_or_a_clean_400(body):
     raw = json.dumps(body).encode()
     check(CompletionRequest, raw)
