@@ -172,19 +172,34 @@ def test_triton_int4_layer_matches_dequant_layer(triton_device, act_order, dtype
     torch.testing.assert_close(want.float(), F.linear(x, dense, bias).float(), **TOL[dtype])
 
 
-def test_triton_fp8_layer_matches_twin(triton_device):
+@pytest.mark.parametrize("block", [None, (16, 32)])
+def test_triton_fp8_layer_matches_twin_layer(triton_device, block):
     device = triton_device
-    weight, scales = quantize_fp8_rows(
-        torch.randn(32, 64, generator=torch.Generator().manual_seed(15))
-    )
-    layer = ReplicatedLinear(64, 32, params_dtype=torch.float32)
-    set_fp8_weight(
-        layer, ["weight"], weight.to(device), scales.to(device), torch.float32, triton=True
-    )
-    assert layer.fp8_triton and not layer.fp8_kernel
+    gen = torch.Generator().manual_seed(15)
+    if block is None:
+        weight, scales = quantize_fp8_rows(torch.randn(32, 64, generator=gen))
+    else:
+        weight = (torch.randn(32, 64, generator=gen) * 50).to(FP8)
+        scales = torch.rand(2, 2, generator=gen) * 0.01 + 1e-3  # [32 / 16, 64 / 32]
+    layers = []
+    for dev, triton in ((device, True), ("cpu", False)):
+        layer = ReplicatedLinear(64, 32, params_dtype=torch.float32)
+        set_fp8_weight(
+            layer,
+            ["weight"],
+            weight.to(dev),
+            scales.to(dev),
+            torch.float32,
+            block,
+            use_kernel=False,
+            triton=triton,
+        )
+        layers.append(layer)
+    assert layers[0].fp8_triton and not layers[0].fp8_kernel and not layers[1].fp8_triton
     x = _x(4, 64, seed=16, dtype=torch.float32)
-    got = apply_fp8_weight(layer, x.to(device), None)
-    want = F.linear(x, dequantize_fp8(weight, scales, torch.float32))
+    bias = torch.randn(32, generator=gen)
+    got = apply_fp8_weight(layers[0], x.to(device), bias.to(device))
+    want = apply_fp8_weight(layers[1], x, bias)
     torch.testing.assert_close(got.cpu(), want, **TOL[torch.float32])
 
 
@@ -200,3 +215,7 @@ def test_cuda_chooses_triton_int4_where_groups_fit_and_cpu_does_not():
     assert choose_kernel(4, 8, False, shape, cuda, torch.bfloat16) == "dequant"  # under a tile
     assert choose_kernel(8, 64, True, shape, cuda, torch.bfloat16) == "dequant"
     assert choose_kernel(4, 64, False, shape, cpu, torch.float32) != "triton_int4"
+    weight, scales = quantize_fp8_rows(torch.randn(32, 64))
+    layer = ReplicatedLinear(64, 32, params_dtype=torch.float32)
+    set_fp8_weight(layer, ["weight"], weight, scales, torch.float32)
+    assert not layer.fp8_triton  # CPU tensors keep the CPU choice
