@@ -10,6 +10,8 @@ input scales, for FP8 activations on GPUs, are read and dropped): this is the
 W8A16 path. No CPU has FP8 arithmetic: with bf16 activations on AVX512-BF16
 the codes become bf16 in registers (kernels/cpu/gemm_weight_only.cpp), else
 `apply` is the twin: dequantize to the activation dtype, then `F.linear`.
+On CUDA the Triton FP8 GEMM (kernels/triton/weight_only_gemm.py) reads the
+e4m3 weight and its row or block scales as they are.
 """
 
 from __future__ import annotations
@@ -57,12 +59,20 @@ def set_fp8_weight(
     act_dtype: torch.dtype,
     block: tuple[int, int] | None = None,
     use_kernel: bool | None = None,
+    triton: bool | None = None,
 ) -> None:
     """Replace the checkpoint-format parameters `drop` by (weight, scales): in
     the byte panels of kernels/cpu/gemm_weight_only.cpp where it runs them
     (per-row scales, bf16 activations, a CPU with AVX512-BF16), else as they
-    are for the twin. `use_kernel` forces the choice (tests)."""
+    are for the twin, which the Triton FP8 GEMM reads on CUDA. `use_kernel` and
+    `triton` force a choice (tests: `triton` on CPU runs it interpreted)."""
     weight = weight.to(FP8).contiguous()
+    if triton is None:
+        triton = weight.device.type == "cuda" and _triton_fp8_fits(
+            tuple(weight.shape), scales, block
+        )
+    if triton:
+        use_kernel = False
     if use_kernel is None:
         use_kernel = (
             block is None
@@ -74,11 +84,30 @@ def set_fp8_weight(
         weight = load_weight_only_kernels().pack_byte_panels(weight)  # [out / 32, in / 2, 64]
         scales = scales.reshape(-1)  # [out]
     replace_params(layer, drop, fp8_weight=weight, fp8_scales=scales.to(torch.float32).contiguous())
-    layer.fp8_block, layer.fp8_kernel = block, use_kernel
+    layer.fp8_block, layer.fp8_kernel, layer.fp8_triton = block, use_kernel, triton
+
+
+def _triton_fp8_fits(shape, scales: torch.Tensor, block: tuple[int, int] | None) -> bool:
+    """Whether the Triton FP8 GEMM takes these scales for a weight of `shape`: per
+    row, or one per block whose width is a multiple of 16 inputs (a whole K tile)."""
+    from kernels.triton import triton_available
+
+    if not triton_available() or scales.dim() != 2:
+        return False
+    if block is None:
+        return tuple(scales.shape) == (shape[0], 1)
+    grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    return block[1] % 16 == 0 and tuple(scales.shape) == grid
 
 
 def apply_fp8_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None):
     """x: [num_tokens, in] -> [num_tokens, out]."""
+    if layer.fp8_triton:
+        from kernels.triton.weight_only_gemm import fp8_gemm
+
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        out = fp8_gemm(x2, layer.fp8_weight, layer.fp8_scales, layer.fp8_block, bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
     if layer.fp8_kernel:
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         out = load_weight_only_kernels().weight_only_linear(

@@ -23,6 +23,10 @@ and the layer keeps it in the form the kernel chosen for its shape reads:
   scales and zeros per group of 32-256 inputs), for 4-bit codes whose groups
   are contiguous once the inputs are sorted by group (act-order GPTQ sorts x's
   features by the same permutation each call);
+* `triton_int4`: kernels/triton/weight_only_gemm.py's int4 GEMM, the choice on
+  CUDA for 4-bit codes in contiguous groups of a multiple of 16 inputs:
+  `pack_nibbles` bytes [out, in / 2], float32 scales and zeros [out, groups]
+  (forced on CPU tensors, it runs in Triton's interpreter: the tests);
 * `dequant`: the plain twin, codes packed into bytes and dequantized to the
   activation dtype each call, then `F.linear`; any shape, any device.
 
@@ -102,6 +106,16 @@ def _contiguous_groups(g_idx: torch.Tensor, num_groups: int) -> tuple[torch.Tens
     return (None if identity else perm), size
 
 
+def _triton_int4_fits(group_size: int) -> bool:
+    from kernels.triton import triton_available
+
+    if not triton_available():
+        return False
+    from kernels.triton.weight_only_gemm import int4_tile_fits
+
+    return int4_tile_fits(group_size)
+
+
 def choose_kernel(
     bits: int,
     group_size: int,
@@ -110,9 +124,11 @@ def choose_kernel(
     device: torch.device,
     act_dtype: torch.dtype,
 ) -> str:
-    """`int8panel`, `int8pack`, `int4panel`, `int4pack` or `dequant` for codes of this shape
-    (group_size 0: groups not contiguous). The weight-only kernels are CPU ones."""
+    """`int8panel`, `int8pack`, `int4panel`, `int4pack`, `triton_int4` or `dequant` for
+    codes of this shape (group_size 0: groups not contiguous)."""
     out_features = shape[0]
+    if device.type == "cuda":
+        return "triton_int4" if bits == 4 and _triton_int4_fits(group_size) else "dequant"
     if device.type != "cpu" or not env.cpu_quantized_kernels():
         return "dequant"
     if bits == 8 and symmetric_per_row:
@@ -166,6 +182,18 @@ def set_int_weight(
             int_weight=load_weight_only_kernels().pack_int4_panels(sorted_codes.to(torch.uint8)),
             int_scales=s.t().contiguous(),  # [groups, out]
             int_offsets=(s * (zeros.to(torch.float32) - 8)).t().contiguous(),
+        )
+        layer.int_group_size, layer.input_perm = group_size, perm
+        return
+    if kernel == "triton_int4":
+        assert bits == 4 and _triton_int4_fits(group_size), "triton_int4 takes groups of 16k"
+        sorted_codes = codes if perm is None else codes[:, perm]
+        replace_params(
+            layer,
+            drop,
+            int_weight=pack_nibbles(sorted_codes).contiguous(),  # [out, in / 2]
+            int_scales=scales.to(torch.float32).contiguous(),  # [out, groups]
+            int_zeros=zeros.to(torch.float32).contiguous(),
         )
         layer.int_group_size, layer.input_perm = group_size, perm
         return
@@ -226,6 +254,13 @@ def apply_int_weight(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
         return F.linear(x, int_weight_dense(layer, x.dtype), bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # the kernels read rows densely
+    if kernel == "triton_int4":
+        from kernels.triton.weight_only_gemm import int4_gemm
+
+        out = int4_gemm(
+            x2, layer.int_weight, layer.int_scales, layer.int_zeros, layer.int_group_size, bias
+        )
+        return out.view(*lead, out.shape[-1])
     if kernel == "int8panel":
         out = load_weight_only_kernels().weight_only_linear(
             x2, layer.int_weight, layer.int_scales, bias
