@@ -88,7 +88,9 @@ async def serve(router_config: RouterConfig, children: WorkerChildren) -> int:
         loop.add_signal_handler(sig, stop.set)
     children.start()
     server = RouterServer(router_config)
-    watch = asyncio.create_task(children.watch(stop))
+    watch = asyncio.create_task(
+        children.watch(stop, lambda: {h.address for h in server.pool.serving()})
+    )
     announce = None
     try:
         await server.start()

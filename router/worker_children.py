@@ -7,8 +7,8 @@ watches for it itself (--parent-pid): the signal is tied to the thread that
 started the child, and a `kill -9` of this process must leave no worker
 behind either way.
 
-A worker that dies after it started well (it lived RESTART_AFTER_S) is started
-again on its port and cores, after a backoff that doubles up to MAX_BACKOFF_S
+A worker that dies after it started well (the router saw it serving, or it
+lived RESTART_AFTER_S) is started again on its port and cores, after a backoff that doubles up to MAX_BACKOFF_S
 while it keeps dying; the router's health watch takes it back once it serves.
 One that dies sooner failed to start (bad flags, no memory) and stays down; when
 none is left, serve stops.
@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from shared.cpu_cores import allowed_cores, format_core_list, node_of, numa_nodes, split_cores
 from shared.logging import get_logger
@@ -104,6 +105,7 @@ class WorkerChildren:
         self._started_at: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
         self._restart_at: dict[int, float] = {}
+        self._served: set[int] = set()  # seen serving since they last started
 
     @staticmethod
     def _assign_devices(num_workers: int, tp: int, device: str) -> list[str | None]:
@@ -199,14 +201,18 @@ class WorkerChildren:
         self._started_at[i] = time.monotonic()
         logger.info("started worker %d (pid %d) on port %d%s", i, process.pid, self.ports[i], where)
 
-    async def watch(self, stop: asyncio.Event) -> None:
+    async def watch(self, stop: asyncio.Event, serving: Callable[[], set[str]] = frozenset) -> None:
         """Restart workers that die after starting well; stop everything when none is
-        left (every one failed to start)."""
+        left (every one failed to start). serving(): the addresses the router sees
+        serving now; a worker seen there started well however soon it dies."""
         while True:
             await asyncio.sleep(0.5)
             now = time.monotonic()
+            seen = serving()
             for i, process in enumerate(self.processes):
                 code = process.poll()
+                if code is None and self.addresses[i] in seen:
+                    self._served.add(i)
                 if code is not None and i not in self._reported:
                     self._reported.add(i)
                     self.failed = True
@@ -215,7 +221,7 @@ class WorkerChildren:
                         "worker %d (pid %d) exited with code %d after %.0f s",
                         i, process.pid, code, lived,
                     )  # fmt: skip
-                    if lived >= RESTART_AFTER_S:
+                    if i in self._served or lived >= RESTART_AFTER_S:
                         delay = self._backoff.get(i, 1.0) if lived < 60 else 1.0
                         self._backoff[i] = min(2 * delay, MAX_BACKOFF_S)
                         self._restart_at[i] = now + delay
@@ -224,6 +230,7 @@ class WorkerChildren:
                 if now >= at:
                     del self._restart_at[i]
                     self._reported.discard(i)
+                    self._served.discard(i)
                     self.num_restarts += 1
                     self._spawn(i)
             if len(self._reported) == len(self.processes) and not self._restart_at:
