@@ -124,3 +124,13 @@ def stop_all(processes: list[PagodaProcess]) -> None:
     deadline = time.monotonic() + 30
     for process in processes:
         process.stop(max(deadline - time.monotonic(), 1))
+
+
+def http_up(router) -> bool:
+    """The router (still alive) answers HTTP."""
+    router.process.check_alive()
+    try:
+        httpx.get(f"{router.base_url}/version", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True

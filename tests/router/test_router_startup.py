@@ -3,20 +3,9 @@
 
 from __future__ import annotations
 
-import httpx
-
-from tests.cluster import PagodaProcess, start_router
+from tests.cluster import PagodaProcess, http_up, start_router
 from tests.conftest import wait_for
 from tests.redis_server import free_port
-
-
-def http_up(router) -> bool:
-    router.process.check_alive()
-    try:
-        httpx.get(f"{router.base_url}/version", timeout=1)
-    except httpx.HTTPError:
-        return False
-    return True
 
 
 def test_a_second_router_on_a_grpc_port_in_use_refuses_to_start(tmp_path):

@@ -9,7 +9,7 @@ import importlib.metadata
 import httpx
 import pytest
 
-from tests.cluster import start_router
+from tests.cluster import http_up, start_router
 from tests.conftest import wait_for
 from tests.router.conftest import MODEL
 
@@ -124,16 +124,7 @@ def test_without_the_flags_no_header_comes_back_and_no_line_is_logged(tmp_path):
         "router", ["--worker=127.0.0.1:9", "--disable-log-requests"], tmp_path / "r.log"
     )
     try:
-
-        def up() -> bool:
-            router.process.check_alive()
-            try:
-                httpx.get(f"{router.base_url}/version", timeout=1)
-            except httpx.HTTPError:
-                return False
-            return True
-
-        wait_for(up, timeout=60, interval=0.2, what="the router's HTTP port")
+        wait_for(lambda: http_up(router), timeout=60, interval=0.2, what="the router's HTTP port")
         ping = httpx.get(f"{router.base_url}/ping", headers={"X-Request-Id": "r1"}, timeout=5)
         assert ping.status_code == 503
         assert "x-request-id" not in ping.headers
