@@ -14,6 +14,7 @@ from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.distributed import get_tp_size
 from worker.layers.quantization import QuantizationConfig
+from worker.models.attribute_cache import cache_module_attributes
 from worker.models.checkpoint_slice import CheckpointSlice, materialize
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
@@ -137,4 +138,6 @@ def build_model(
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, spec.path)
-    return model.eval()
+    model.eval()
+    cache_module_attributes(model)  # last: the weights are final now
+    return model
