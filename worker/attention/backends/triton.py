@@ -87,7 +87,19 @@ class TritonAttentionBackend(AttentionBackend):
             self._configs[key] = config
         return config
 
-    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata,
+        scale,
+        sliding_window,
+        k_scale=1.0,
+        v_scale=1.0,
+    ):
+        # k_scale / v_scale: only fp8 caches use them, and this backend has none yet.
         key_cache, value_cache = self.split_kv_cache(kv_cache)
         self._write(key, value, key_cache, value_cache, metadata.slot_mapping)
         return self._attend(
