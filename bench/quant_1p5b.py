@@ -158,8 +158,24 @@ def _last_logits(llm, prompts) -> torch.Tensor:
     return torch.cat([c[-1:] for c in captured])
 
 
+def wait_for_memory(gib: float, timeout_s: float = 1800.0) -> float:
+    """Block until MemAvailable reaches `gib` GiB (a shared host: a 1.5B engine
+    started into too little memory gets someone's process OOM-killed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) / 2**20
+        if available >= gib or time.monotonic() > deadline:
+            return available
+        time.sleep(10)
+
+
 def measure(path: Path, name: str, args, vocab: int) -> dict:
     from worker import LLM, SamplingParams
+
+    available = wait_for_memory(args.wait_mem_gib)
+    print(f"{name}: starting with {available:.1f} GiB available", flush=True)
 
     flag, kv_dtype = METHODS[name]
     llm = LLM(
@@ -167,7 +183,7 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
         quantization=flag,
         kv_cache_dtype=kv_dtype,
         max_model_len=512,
-        num_kv_blocks=1024,
+        num_kv_blocks=256,
         cpu_threads=1,
     )
     row = {"weights_bytes": llm.engine.core.runner.weights_bytes}
@@ -216,6 +232,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--mixed-requests", type=int, default=8)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument(
+        "--wait-mem-gib",
+        type=float,
+        default=0.0,
+        help="Start each engine only with this much free.",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
