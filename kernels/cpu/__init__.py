@@ -50,6 +50,12 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fope
 # rebuild the attention kernels (and the reverse).
 _WEIGHT_ONLY_SOURCES = [Path(__file__).with_name("gemm_weight_only.cpp")]
 
+# FP8 KV cache (--kv-cache-dtype fp8): cache write and attention over e4m3
+# caches, their own module too, so a change to either attention path does not
+# rebuild the other.
+_FP8_KV_SOURCES = [Path(__file__).with_name("paged_attention_fp8.cpp")]
+_FP8_KV_HEADERS = [Path(__file__).with_name(name) for name in ("fp8_e4m3.h", "vec16.h")]
+
 
 def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
     """The given module's files, or by default the main module's (read at call time)."""
@@ -113,6 +119,12 @@ def load_cpu_kernels() -> ModuleType | None:
 def load_weight_only_kernels() -> ModuleType | None:
     """The weight-only linears (gemm_weight_only.cpp), or None as load_cpu_kernels."""
     return _load("pagoda_weight_only", _WEIGHT_ONLY_SOURCES, [])
+
+
+@cache
+def load_fp8_kv_kernels() -> ModuleType | None:
+    """The FP8 KV cache kernels (paged_attention_fp8.cpp), or None as load_cpu_kernels."""
+    return _load("pagoda_fp8_kv", _FP8_KV_SOURCES, _FP8_KV_HEADERS)
 
 
 def _load(name: str, sources: list[Path], headers: list[Path]) -> ModuleType | None:
