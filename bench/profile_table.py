@@ -1,6 +1,7 @@
 """The step profile's markdown table (bench/step_profile.py's `step_profile` lines).
 
-One row per category, and per step kind (all steps, then mixed, decode, prefill
+One table per workload and clock (the last line of each), one row per
+category, and per step kind (all steps, then mixed, decode, prefill
 where the run had them) its mean ms per step and share of the step. Pure: used by
 the profile command and by `pagoda bench summary`.
 """
@@ -53,8 +54,8 @@ def _clock(record: dict[str, Any]) -> str:
 
 
 def profile_tables(records: list[dict[str, Any]]) -> list[str]:
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[tuple, dict[str, Any]] = {}
     for r in records:
         if r.get("kind") == "step_profile":
-            latest[r["workload"]] = r
+            latest[(r["workload"], r.get("clock", "wall"))] = r
     return [line for r in latest.values() for line in profile_table(r)]

@@ -159,9 +159,14 @@ if [[ $HAVE_VLLM == 1 ]]; then
 fi
 
 if [[ ${PROFILE:-1} == 1 ]]; then
+  # Wall time with the engine's threads (the quiet-machine figure), then one
+  # thread's CPU time (comparable with a profile taken on a loaded machine).
   echo "== step profile of mixed" >&2
-  "${PAGODA[@]}" bench profile --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
-    "${BUDGET[@]}" --output "$OUT/profile.jsonl" >"$OUT/profile.md"
+  : >"$OUT/profile.md"
+  for clock in wall thread; do
+    "${PAGODA[@]}" bench profile --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
+      "${BUDGET[@]}" --clock "$clock" --output "$OUT/profile.jsonl" >>"$OUT/profile.md"
+  done
 fi
 
 echo "== roofline again, rating the offline lines" >&2

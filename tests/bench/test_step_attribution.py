@@ -142,6 +142,9 @@ RECORD = {
 
 def test_profile_table_exact():
     assert "\n".join(profile_table(RECORD)) + "\n" == EXPECTED_TABLE + "\n"
-    # the summary keeps the last line per workload
+    # the summary keeps the last line per workload and clock
     older = {**RECORD, "dtype": "float32"}
-    assert profile_tables([older, RECORD, {"kind": "serve"}]) == profile_table(RECORD)
+    wall = {**RECORD, "clock": "wall", "cpu_threads": 2}
+    tables = profile_tables([older, RECORD, {"kind": "serve"}, wall])
+    assert tables == profile_table(RECORD) + profile_table(wall)
+    assert "(bfloat16, wall time, 2 threads, load average 9.5)" in profile_table(wall)[0]
