@@ -159,7 +159,9 @@ def rss_mb(pid: int) -> float:
 
 def start_serve(model: Path, log: Path, port: int) -> tuple[subprocess.Popen, list[int], list[int]]:
     """`pagoda serve` with two workers; its process, the workers' pids and ports."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # The repo first; a PYTHONPATH given to the soak stays after it (a sitecustomize probe).
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     env.pop("REDIS_URL", None)
     command = [sys.executable, "-m", "shared.cli", "serve", str(model), "--num-workers=2"]
     command += [f"--served-model-name={MODEL_NAME}", "--api-key=soak", "--host=127.0.0.1"]

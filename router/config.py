@@ -25,6 +25,8 @@ CHOICE_TTL_WITH_REDIS_S = 10.0
 CHOICE_TTL_LOCAL_S = 300.0
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 DEFAULT_MAX_TOKENS_PER_REQUEST = 131072
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 75.0  # nginx's default, above an AWS ALB's 60 s idle timeout
+DEFAULT_MAX_CHAT_MESSAGES = 2048  # OpenAI's bound on a chat's messages
 
 
 def _port(name: str, value: int) -> None:
@@ -199,6 +201,19 @@ class RouterConfig:
             "tokens one request may ask the workers to generate."
         },
     )
+    max_chat_messages: int = field(
+        default=DEFAULT_MAX_CHAT_MESSAGES,
+        metadata={"help": "Most messages one chat request may carry (400 beyond)."},
+    )
+    timeout_keep_alive: float = field(
+        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+        metadata={
+            "help": "Seconds an idle HTTP keep-alive connection stays open. Longer than "
+            "clients keep theirs (httpx and the openai SDK: 5 s; load balancers: 60 s), "
+            "so that the client, not the router, closes an idle connection: a router "
+            "closing it as a client reuses it fails that request."
+        },
+    )
 
     def __post_init__(self) -> None:
         _port("port", self.port)
@@ -227,7 +242,13 @@ class RouterConfig:
                 f"--affinity-threshold must be in [0, 1], got {self.affinity_threshold}"
             )
         _positive("max_attempts", self.max_attempts)
-        for name in ("max_request_body_bytes", "max_prompt_chars", "max_tokens_per_request"):
+        for name in (
+            "max_request_body_bytes",
+            "max_prompt_chars",
+            "max_tokens_per_request",
+            "max_chat_messages",
+            "timeout_keep_alive",
+        ):
             _positive(name, getattr(self, name))
         _positive("tokenizer_threads", self.tokenizer_threads)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

@@ -10,18 +10,27 @@ request is over when every choice has finished: a stop string may finish
 one before its worker does, and once all have, the worker call is cancelled.
 
 A worker that fails after tokens have streamed (dies, hangs, turns UNAVAILABLE)
-does not end the stream: the prompt's request is resumed on another worker with
-the tokens generated so far (Dispatcher.resume), up to `--migration-limit` times,
-and its responses continue the same choices (detokenizer and stop-string state
-carry over). That needs one sample per prompt (n = 1). A stream that does end
-early ends each unfinished choice with finish_reason "abort", then the error.
+does not end the stream: each choice it left open is resumed on another worker
+with that choice's own tokens (Dispatcher.resume; one request of n = 1 per
+choice, sample i of a seeded request keeping its seed + i, as the worker seeds
+it), up to `--migration-limit` failovers per request, and the responses
+continue the same choices (detokenizer, stop-string and logprob state live in
+the ChoiceText, not on a worker). A stream that does end early ends each
+unfinished choice with finish_reason "abort", then the error.
+
+```
+_Part = one worker stream + the choices its samples are (by sample index)
+deltas(): one part -> its deltas; several (prompts, or a split resume) -> merged
+worker fails -> _resume(part): a part per open choice, on other workers
+```
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from router.metrics import RouterMetrics
@@ -43,6 +52,10 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # After a failover: what the resumed prefills took (prompt plus the tokens so far)
+    # and how much of it the new workers had cached. The client's prompt counts once.
+    resumed_prefill_tokens: int = 0
+    resumed_cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -81,12 +94,25 @@ class Generation:
         self._interrupted: PagodaError | None = None
         self._start_tasks: list[asyncio.Future] = []
         self.num_migrations = 0
+        # Workers of earlier attempts at a whole answer that was retried from scratch.
+        self.earlier_worker_ids: list[str] = []
         # Per prompt: logprobs of positions 1.. when prompt_logprobs was asked for.
         self.prompt_logprobs: list[list[wpb.TokenLogprob]] = [[] for _ in prompts]
+        # Per prompt, its n choices; the detokenizer and stop-string state of each
+        # lives there, whichever worker its tokens come from.
+        self._choices = [
+            [ChoiceText(p * self.n + i, model.tokenizer, prompt, text) for i in range(self.n)]
+            for p, prompt in enumerate(prompts)
+        ]
+        # Per choice, every token its workers generated: what a resume continues after.
+        self._generated: list[list[int]] = [[] for _ in range(len(prompts) * self.n)]
+        self._spawn: Callable[[_Part], None] | None = None  # runs another part's deltas
 
     @property
     def worker_ids(self) -> list[str]:
-        return [s.worker_id for s in self.streams]
+        """Every worker that served the request, in order: one per prompt, then each
+        one a failed stream moved to."""
+        return self.earlier_worker_ids + [s.worker_id for s in self.streams]
 
     async def start(self) -> None:
         """Open a worker stream per prompt; returns once each has its first response."""
@@ -137,107 +163,190 @@ class Generation:
             stream.interrupt(error)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
-        """Every choice's deltas until all have finished (one prompt's in order)."""
-        if len(self.streams) == 1:
-            async with contextlib.aclosing(self._prompt_deltas(0)) as deltas:
-                async for delta in deltas:
+        """Every choice's deltas until all have finished (one choice's in order)."""
+        parts = [
+            _Part(job, stream, self._choices[p], p) for p, (job, stream) in
+            enumerate(zip(self._jobs, self.streams))
+        ]  # fmt: skip
+        if len(parts) == 1 and self.n == 1:  # one choice: no resume ever splits it
+            try:
+                async with contextlib.aclosing(self._part_deltas(parts[0])) as deltas:
+                    async for delta in deltas:
+                        yield delta
+            except PagodaError as exc:
+                for delta in self._abort_open_choices():
                     yield delta
+                raise self._interrupted or exc from None
             return
         queue: asyncio.Queue = asyncio.Queue()
+        tasks: list[asyncio.Task] = []
 
-        async def pump(index: int) -> None:
+        async def pump(part: _Part) -> None:
             try:
-                async for delta in self._prompt_deltas(index):
+                async for delta in self._part_deltas(part):
                     queue.put_nowait(delta)
             except BaseException as exc:  # handed to the consumer
                 queue.put_nowait(exc)
             finally:
                 queue.put_nowait(_DONE)
 
-        tasks = [asyncio.create_task(pump(i)) for i in range(len(self.streams))]
+        def spawn(part: _Part) -> None:
+            tasks.append(asyncio.create_task(pump(part)))
+
+        self._spawn = spawn
+        for part in parts:
+            spawn(part)
         try:
-            remaining = len(tasks)
-            while remaining:
+            finished = 0
+            while finished < len(tasks):  # a resume may add tasks while this runs
                 item = await queue.get()
                 if item is _DONE:
-                    remaining -= 1
+                    finished += 1
                 elif isinstance(item, BaseException):
+                    await _cancel(tasks)
+                    if isinstance(item, PagodaError):
+                        for delta in self._abort_open_choices():
+                            yield delta
+                        raise self._interrupted or item from None
                     raise item
                 else:
                     yield item
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._spawn = None
+            await _cancel(tasks)
             self.close()
 
-    async def _prompt_deltas(self, prompt_index: int) -> AsyncIterator[TextDelta]:
-        prompt = self.prompts[prompt_index]
-        choices = [
-            ChoiceText(prompt_index * self.n + i, self._model.tokenizer, prompt, self.text)
-            for i in range(self.n)
-        ]
-        generated: list[int] = []  # sample 0's tokens, to resume from
-        try:
-            while True:
-                stream = self.streams[prompt_index]
-                try:
-                    async with contextlib.aclosing(stream.responses()) as responses:
-                        async for response in responses:
-                            self.prompt_logprobs[prompt_index].extend(response.prompt_logprobs)
-                            for output in response.outputs:
-                                if output.index == 0:
-                                    generated.extend(output.token_ids)
-                                delta = choices[output.index].push(output)
-                                if delta is not None:
-                                    yield delta
-                            if all(c.is_finished for c in choices):
-                                break
-                    return
-                except WorkerFailedError as exc:
-                    if not self._may_resume(generated):
-                        raise
-                    if len(generated) >= self._jobs[prompt_index].params.max_tokens:
-                        # Every token was sent; only the finish was lost with the worker.
-                        end = wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_LENGTH)
-                        delta = choices[0].push(end)
-                        if delta is not None:
-                            yield delta
-                        return
-                    logger.warning(
-                        "request %s: %s; resuming it elsewhere after %d tokens",
-                        self.request_id,
-                        exc,
-                        len(generated),
-                    )
-                    await self._resume(prompt_index, generated, stream)
-        except PagodaError as exc:
-            # A stream never ends in silence: each open choice says it was cut short.
-            if self._interrupted is not None and not isinstance(exc, type(self._interrupted)):
-                exc = self._interrupted
-            for choice in choices:
-                if not choice.is_finished:
-                    end = wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_ABORT)
-                    delta = choice.push(end)
-                    if delta is not None:
+    def _abort_open_choices(self) -> list[TextDelta]:
+        """A stream never ends in silence: each open choice says it was cut short."""
+        deltas = []
+        for choice in (c for choices in self._choices for c in choices):
+            delta = choice.push(wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_ABORT))
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    async def _part_deltas(self, part: _Part) -> AsyncIterator[TextDelta]:
+        """One worker stream's deltas; when its worker fails, its open choices go on
+        from other workers (the first here, the others in parts of their own)."""
+        while True:
+            try:
+                async with contextlib.aclosing(part.stream.responses()) as responses:
+                    async for response in responses:
+                        self.prompt_logprobs[part.prompt_index].extend(response.prompt_logprobs)
+                        for output in response.outputs:
+                            choice = part.choices[output.index]
+                            num_tokens = choice.num_tokens
+                            delta = choice.push(output)
+                            self._generated[choice.index].extend(output.token_ids)
+                            self._count(choice.num_tokens - num_tokens)
+                            if delta is not None:
+                                yield delta
+                        if all(c.is_finished for c in part.choices):
+                            break
+                return
+            except WorkerFailedError as exc:
+                if not self._may_resume():
+                    raise
+                resumed = await self._resume(part, exc)
+                if not resumed:
+                    for delta in self._finished_by_length(part):
                         yield delta
-            raise exc
-        finally:
-            num_tokens = sum(c.num_tokens for c in choices)
+                    return
+                for delta in self._finished_by_length(part):
+                    yield delta
+                part = resumed[0]
+                for other in resumed[1:]:
+                    assert self._spawn is not None, "n > 1 runs in the merging path"
+                    self._spawn(other)
+
+    def _count(self, num_tokens: int) -> None:
+        if num_tokens:
             self.usage.completion_tokens += num_tokens
             self._metrics.generation_tokens.inc(num_tokens)
 
-    def _may_resume(self, generated: list[int]) -> bool:
-        limit = self._dispatcher.migration_limit
-        return self._interrupted is None and self.n == 1 and self.num_migrations < limit
+    def _finished_by_length(self, part: _Part) -> list[TextDelta]:
+        """Choices whose every token was sent: only the finish was lost with the worker."""
+        deltas = []
+        for choice in part.choices:
+            if not choice.is_finished and self._is_complete(part, choice):
+                delta = choice.push(wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_LENGTH))
+                if delta is not None:
+                    deltas.append(delta)
+        return deltas
 
-    async def _resume(self, prompt_index: int, generated: list[int], failed: WorkerStream) -> None:
-        """Open the prompt's request on another worker, continuing after `generated`."""
+    def _is_complete(self, part: _Part, choice: ChoiceText) -> bool:
+        return len(self._generated[choice.index]) >= part.job.params.max_tokens
+
+    def _may_resume(self) -> bool:
+        return self._interrupted is None and self.num_migrations < self._dispatcher.migration_limit
+
+    async def _resume(self, part: _Part, error: WorkerFailedError) -> list[_Part]:
+        """Each open choice of a failed part again, on another worker, continuing after
+        its own tokens (sample i of a seeded request of n keeps its seed + i)."""
+        pending = [
+            (i, c) for i, c in enumerate(part.choices)
+            if not c.is_finished and not self._is_complete(part, c)
+        ]  # fmt: skip
+        if not pending:
+            return []
         self.num_migrations += 1
         self._metrics.migrations.inc()
-        job, stream = await self._dispatcher.resume(
-            self._jobs[prompt_index], generated, failed.handle.address
+        self._metrics.failovers.labels(error.reason).inc()
+        logger.warning(
+            "request %s: %s; resuming %d choice(s) elsewhere after %s tokens",
+            self.request_id, error, len(pending),
+            "/".join(str(len(self._generated[c.index])) for _, c in pending),
+        )  # fmt: skip
+        failed = part.stream.handle.address
+        opened = [
+            self._dispatcher.resume(part.one_sample(i), self._generated[c.index], failed)
+            for i, c in pending
+        ]
+        results = await asyncio.gather(*opened, return_exceptions=True)
+        streams = [r for r in results if isinstance(r, tuple)]
+        error_ = next((r for r in results if isinstance(r, BaseException)), None)
+        if error_ is not None:  # one could not move: none goes on
+            for _, stream in streams:
+                stream.close()
+            raise error_
+        parts = []
+        for (_, choice), (job, stream) in zip(pending, streams):
+            self.streams.append(stream)
+            self.usage.resumed_prefill_tokens += len(job.prompt_token_ids) + len(
+                job.output_token_ids
+            )
+            self.usage.resumed_cached_tokens += stream.num_cached_tokens
+            self._metrics.cached_tokens.inc(stream.num_cached_tokens)
+            if self._interrupted is not None:  # shut down while this one was opening
+                stream.interrupt(self._interrupted)
+            parts.append(_Part(job, stream, [choice], part.prompt_index))
+        return parts
+
+
+@dataclass
+class _Part:
+    """One worker stream of a prompt, and the choice each of its samples is."""
+
+    job: WorkerJob
+    stream: WorkerStream
+    choices: list[ChoiceText]  # by the stream's sample index
+    prompt_index: int
+
+    def one_sample(self, index: int) -> WorkerJob:
+        """This part's job for its sample `index` alone (n = 1, its own seed)."""
+        params = type(self.job.params)()
+        params.CopyFrom(self.job.params)
+        if len(self.choices) == 1:
+            return dataclasses.replace(self.job, params=params)
+        params.n = 1
+        if params.HasField("seed"):
+            params.seed += index  # the worker's rule: sample i of n uses seed + i
+        return dataclasses.replace(
+            self.job, request_id=f"{self.job.request_id}#{index}", params=params
         )
-        self._jobs[prompt_index], self.streams[prompt_index] = job, stream
-        if self._interrupted is not None:  # shut down while this one was opening
-            stream.interrupt(self._interrupted)
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

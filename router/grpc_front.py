@@ -26,6 +26,7 @@ from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
 MAX_REQUEST_ID_LEN = 256
+WORKER_METADATA = "x-pagoda-worker"  # trailing metadata: the workers that served, in order
 _FINISH_REASONS = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
@@ -177,6 +178,8 @@ class RouterServicer(pb_grpc.RouterServiceServicer):
                     prompt_logprobs=_logprobs(model, prompt_logprobs),
                 )
             usage = generation.usage
+            # As the HTTP header: every worker that served it, failovers included.
+            context.set_trailing_metadata(((WORKER_METADATA, ",".join(generation.worker_ids)),))
             yield pb.CompletionResponse(
                 request_id=request_id,
                 usage=pb.Usage(

@@ -3,7 +3,10 @@
 Each bound is a flag (router/config.py) and each breach a 4xx naming the flag:
 a body too large is refused before it is parsed, a prompt too long before it is
 tokenized (tokenizing 10 MB of text takes seconds that a request which can never
-fit should not get), and a request that would have the workers generate more
+fit should not get; a chat's text is counted before its template runs, and the
+rendered prompt again before tokenizing, since tool calls, tool definitions and
+names reach the prompt too), a chat with more than `--max-chat-messages`
+messages before its template runs, and a request that would have the workers generate more
 than `--max-tokens-per-request` tokens (n x max_tokens over its prompts) before
 any worker is asked.
 """
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from router.config import DEFAULT_MAX_CHAT_MESSAGES
 from router.errors import ContextLengthError
 from shared.errors import InvalidRequestError, PagodaError
 
@@ -35,6 +39,7 @@ class RequestLimits:
     max_model_len: int
     max_prompt_chars: int
     max_tokens_per_request: int
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES
 
     @classmethod
     def for_model(
@@ -43,11 +48,22 @@ class RequestLimits:
         longest_token_chars: int,
         max_prompt_chars: int | None,
         max_tokens_per_request: int,
+        max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES,
     ) -> RequestLimits:
         # NOTE: every token stands for at most `longest_token_chars` characters, so
         # text longer than max_model_len times that cannot tokenize into the context.
         chars = max_prompt_chars or max_model_len * max(longest_token_chars, 1)
-        return cls(max_model_len, chars, max_tokens_per_request)
+        return cls(max_model_len, chars, max_tokens_per_request, max_chat_messages)
+
+    def check_messages(self, num_messages: int) -> None:
+        """Before the chat template runs: its time grows with the messages, even empty
+        ones, and a 32 MB body holds a million of those."""
+        if num_messages > self.max_chat_messages:
+            raise InvalidRequestError(
+                "messages",
+                f"at most {self.max_chat_messages} messages per request "
+                f"(--max-chat-messages), got {num_messages}",
+            )
 
     def check_prompt_chars(self, num_chars: int, what: str) -> None:
         if num_chars > self.max_prompt_chars:

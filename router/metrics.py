@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from router.routing.policy import REASONS
+from router.routing.worker_stream import FAILOVER_REASONS
 
 _PREFIX = "pagoda_router"
 # Seconds; fine at the low end, where a warm prefix cache puts the first token.
@@ -79,6 +80,22 @@ class RouterMetrics:
         self.migrations = Counter(
             f"{_PREFIX}_migrations",
             "Streams resumed on another worker after theirs failed mid-generation.",
+            registry=r,
+        )
+        self.failovers = Counter(
+            f"{_PREFIX}_failovers",
+            "Worker failures that moved a started stream elsewhere, by reason: died "
+            "(connection broke), stalled (--worker-stall-timeout), unavailable (the "
+            "worker's own error status).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in FAILOVER_REASONS:
+            self.failovers.labels(reason)
+        self.worker_restarts = Counter(
+            f"{_PREFIX}_worker_restarts",
+            "Workers `pagoda serve` started again after they died, by worker.",
+            ["worker"],
             registry=r,
         )
         self.retries = Counter(

@@ -74,6 +74,7 @@ class ModelContext:
             tokenizer.longest_token_chars,
             config.max_prompt_chars,
             config.max_tokens_per_request,
+            config.max_chat_messages,
         )
         return cls(
             info.served_model_name,
@@ -113,11 +114,14 @@ class ModelContext:
                 "this model's tokenizer has no chat template; start the router with "
                 "--chat-template, or use /v1/completions",
             )
-        template = self.chat_template
-        self.request_limits.check_prompt_chars(_content_chars(messages), "messages")
+        template, limits = self.chat_template, self.request_limits
+        limits.check_messages(len(messages))
+        limits.check_prompt_chars(_content_chars(messages), "messages")
 
         def render() -> tuple[str, list[int]]:
             text = template.render(messages, add_generation_prompt, tools, template_kwargs)
+            # Tool calls, tool definitions, names: what the contents did not count.
+            limits.check_prompt_chars(len(text), "messages")
             # The template wrote the special tokens (BOS, turn markers) itself, so the
             # tokenizer adds its own only when asked (vLLM's add_special_tokens).
             return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -88,8 +88,12 @@ async def serve(router_config: RouterConfig, children: WorkerChildren) -> int:
         loop.add_signal_handler(sig, stop.set)
     children.start()
     server = RouterServer(router_config)
+
+    def restarted(worker_id: str) -> None:
+        server.metrics.worker_restarts.labels(worker_id).inc()
+
     watch = asyncio.create_task(
-        children.watch(stop, lambda: {h.address for h in server.pool.serving()})
+        children.watch(stop, lambda: {h.address for h in server.pool.serving()}, restarted)
     )
     announce = None
     try:

@@ -100,6 +100,7 @@ class RouterServer:
             # Past --shutdown-timeout the open generations are ended (stop()); this
             # margin lets their last events go out before uvicorn cancels anything.
             timeout_graceful_shutdown=int(self.config.shutdown_timeout) + _END_MARGIN_S,
+            timeout_keep_alive=self.config.timeout_keep_alive,
         )
         self._http = _Uvicorn(uvicorn_config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))

@@ -88,11 +88,12 @@ class WorkerChildren:
         self.ports = [free_port() for _ in range(num_workers)]
         self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
         self.metrics_ports = [free_port() for _ in range(num_workers)]
-        # Labelled by the worker's own id (its default: HOSTNAME-PORT), as the router's
-        # other per-worker series and the x-pagoda-worker header name it.
+        # Each worker's own id (its default: HOSTNAME-PORT), as the router's other
+        # per-worker series and the x-pagoda-worker header name it.
+        self.worker_ids = [f"{socket.gethostname()}-{port}" for port in self.ports]
         self.metrics_targets = [
-            f"{socket.gethostname()}-{port}=http://127.0.0.1:{metrics_port}/metrics"
-            for port, metrics_port in zip(self.ports, self.metrics_ports)
+            f"{worker_id}=http://127.0.0.1:{metrics_port}/metrics"
+            for worker_id, metrics_port in zip(self.worker_ids, self.metrics_ports)
         ]
         self._devices = self._assign_devices(num_workers, tensor_parallel_size, device)
         self.cores = self._assign_cores(
@@ -201,10 +202,16 @@ class WorkerChildren:
         self._started_at[i] = time.monotonic()
         logger.info("started worker %d (pid %d) on port %d%s", i, process.pid, self.ports[i], where)
 
-    async def watch(self, stop: asyncio.Event, serving: Callable[[], set[str]] = frozenset) -> None:
+    async def watch(
+        self,
+        stop: asyncio.Event,
+        serving: Callable[[], set[str]] = frozenset,
+        on_restart: Callable[[str], None] = lambda worker_id: None,
+    ) -> None:
         """Restart workers that die after starting well; stop everything when none is
         left (every one failed to start). serving(): the addresses the router sees
-        serving now; a worker seen there started well however soon it dies."""
+        serving now; a worker seen there started well however soon it dies.
+        on_restart(worker id): a worker is started again (the router's metric)."""
         while True:
             await asyncio.sleep(0.5)
             now = time.monotonic()
@@ -233,6 +240,7 @@ class WorkerChildren:
                     self._served.discard(i)
                     self.num_restarts += 1
                     self._spawn(i)
+                    on_restart(self.worker_ids[i])
             if len(self._reported) == len(self.processes) and not self._restart_at:
                 logger.error("no worker left: stopping")
                 stop.set()

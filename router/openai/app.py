@@ -4,7 +4,9 @@
 A streamed answer starts (headers, status 200) only once the worker has
 returned its first response, so every failure before the first token is a
 proper status and body, and a worker failing before it is retried unseen.
-The worker that served the request is named in the `x-pagoda-worker` header.
+The workers that served the request are named, in order, in the `x-pagoda-worker`
+header (a stream's headers name the first ones; its finish chunks and usage
+chunk carry the full list in a `pagoda_worker` field, as a failover adds to it).
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ def build_app(state: RouterState) -> RequestLog:
     async def whole(start: Callable[[], Awaitable[Completion | ChatCompletion]]) -> Answer:
         """A non-streamed answer: nothing has reached the client yet, so a worker that
         fails mid-generation is retried elsewhere, as one failing before it would be."""
+        earlier: list[str] = []
         for attempt in range(state.config.max_attempts):
             started = await start()
+            started.generation.earlier_worker_ids = list(earlier)
             try:
                 return await started.whole(), started.generation
             except WorkerFailedError as exc:
@@ -131,6 +135,7 @@ def build_app(state: RouterState) -> RequestLog:
                     "request %s: %s; retrying it whole", started.generation.request_id, exc
                 )
                 metrics.retries.inc()
+                earlier = started.generation.worker_ids
             finally:
                 started.generation.close()
         raise AssertionError("unreachable")

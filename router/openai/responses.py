@@ -19,6 +19,9 @@ from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 # JSON has no -inf; OpenAI clients expect a number.
 _MIN_LOGPROB = -9999.0
 SSE_DONE = b"data: [DONE]\n\n"
+# A stream's headers go out before a failover can happen: its finish chunks (and
+# usage chunk) name the workers in this field instead, as the header does.
+WORKER_FIELD = "pagoda_worker"
 
 
 # Characters JSON leaves raw that line splitters other than SSE's own (Python's
@@ -56,22 +59,35 @@ class Envelope:
         body: dict[str, Any] = {**self.fields, "choices": [choice]}
         if self._include_usage:  # OpenAI: null on every chunk but the usage chunk
             body["usage"] = None
+        if choice.get("finish_reason") is not None:
+            body[WORKER_FIELD] = self.workers()
         return sse(body)
+
+    def workers(self) -> str:
+        """The x-pagoda-worker value: every worker that served the request so far."""
+        return ",".join(self._generation.worker_ids)
 
     def end(self) -> Iterator[bytes]:
         """The usage-only chunk (when asked for), then [DONE]."""
         if self._include_usage:
             usage = usage_dict(self._generation.usage)
-            yield sse({**self.fields, "choices": [], "usage": usage})
+            yield sse({**self.fields, "choices": [], "usage": usage, WORKER_FIELD: self.workers()})
         yield SSE_DONE
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage; after a failover, prompt_tokens_details also says what the
+    resumed prefills took and had cached (the client's prompt counts once in
+    prompt_tokens and cached_tokens, which stay what the first prefill found)."""
+    details: dict[str, Any] = {"cached_tokens": usage.cached_tokens}
+    if usage.resumed_prefill_tokens:
+        details["resumed_prefill_tokens"] = usage.resumed_prefill_tokens
+        details["resumed_cached_tokens"] = usage.resumed_cached_tokens
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 

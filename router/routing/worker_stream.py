@@ -9,13 +9,13 @@ ends with an error). The read in progress then raises that error.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
 
-from router.metrics import RouterMetrics
 from router.routing.policy import Decision
 from router.routing.store import PromptHashes
 from router.routing.worker_handle import WorkerHandle
@@ -29,6 +29,7 @@ from shared.errors import (
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
 if TYPE_CHECKING:
+    from router.metrics import RouterMetrics
     from router.routing.dispatcher import WorkerJob
 
 
@@ -39,9 +40,42 @@ class RequestTimeoutError(PagodaError):
     http_status = 504
 
 
+# Why a stream's worker failed it, as the failover metric counts them.
+DIED = "died"  # the connection broke: the process is gone, or the network between
+STALLED = "stalled"  # silent past --worker-stall-timeout (WorkerHandle's stall rule)
+UNAVAILABLE = "unavailable"  # the worker itself ended the call with an error status
+FAILOVER_REASONS = (DIED, STALLED, UNAVAILABLE)
+
+
 class WorkerFailedError(UnavailableError):
     """The worker failed after its first response: what it sent stands; the rest is
     generated elsewhere (Generation resumes it) or lost."""
+
+    def __init__(self, message: str, reason: str = DIED) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# What gRPC's client says when the transport broke under a call, rather than a
+# status the worker sent (those carry the worker's own message).
+_TRANSPORT_ERRORS = re.compile(
+    r"socket closed|stream removed|connection reset|connection refused|broken pipe|"
+    r"failed to connect|goaway|recvmsg|sendmsg|endpoint|transport",
+    re.IGNORECASE,
+)
+
+
+def failure_reason(exc: grpc.aio.AioRpcError) -> str:
+    """DIED when the connection broke, STALLED when its keepalive pings went
+    unanswered (a hung worker, or the network to it), UNAVAILABLE when the worker
+    ended the call with a status of its own (draining, engine failure).
+
+    NOTE: both kinds come as an AioRpcError with the same code; only the details
+    tell them apart (e.g. "Stream removed (Socket closed)" after a kill -9)."""
+    details = exc.details() or ""
+    if "keepalive" in details.lower():
+        return STALLED
+    return DIED if _TRANSPORT_ERRORS.search(details) else UNAVAILABLE
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> PagodaError:
@@ -140,7 +174,8 @@ class WorkerStream:
                         self.handle.mark_failed()
                     raise WorkerFailedError(
                         f"worker {self.worker_id} failed after the response started "
-                        f"({exc.code().name}: {exc.details()}); the output is incomplete"
+                        f"({exc.code().name}: {exc.details()}); the output is incomplete",
+                        failure_reason(exc),
                     ) from exc
                 if response is grpc.aio.EOF:
                     break
@@ -165,7 +200,7 @@ class WorkerStream:
 
     def interrupt_stalled(self, reason: str) -> None:
         """The worker hung: the request is to move to another one."""
-        self.interrupt(WorkerFailedError(f"{reason}; the output is incomplete"), True)
+        self.interrupt(WorkerFailedError(f"{reason}; the output is incomplete", STALLED), True)
 
     async def _read(self) -> wpb.GenerateResponse:
         assert self._call is not None

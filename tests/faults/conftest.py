@@ -64,12 +64,18 @@ class StreamResult:
     prompt: str
     params: dict
     worker: str = ""
-    text: str = ""
+    workers: str = ""  # every worker that served it (the finish chunks' pagoda_worker)
+    texts: dict[int, str] = field(default_factory=dict)  # by choice index
     num_chunks: int = 0
     finish_reason: str | None = None
     completion_tokens: int | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def text(self) -> str:
+        """Every choice's text, in index order (one choice: its text)."""
+        return "\n---\n".join(self.texts[i] for i in sorted(self.texts))
 
 
 def run_stream(client: openai.OpenAI, result: StreamResult) -> None:
@@ -83,12 +89,13 @@ def run_stream(client: openai.OpenAI, result: StreamResult) -> None:
         ) as raw:
             result.worker = raw.headers["x-pagoda-worker"]
             for chunk in raw.parse():
-                if chunk.choices:
-                    result.text += chunk.choices[0].text
+                for choice in chunk.choices:
+                    result.texts[choice.index] = result.texts.get(choice.index, "") + choice.text
                     result.num_chunks += 1
-                    result.finish_reason = chunk.choices[0].finish_reason or result.finish_reason
+                    result.finish_reason = choice.finish_reason or result.finish_reason
                 if chunk.usage is not None:
                     result.completion_tokens = chunk.usage.completion_tokens
+                    result.workers = (chunk.model_extra or {}).get("pagoda_worker", "")
     except BaseException as exc:  # recorded for the test to judge
         result.error = exc
     finally:

@@ -14,7 +14,7 @@ import pytest
 from tests.cluster import health
 from tests.conftest import wait_for
 from tests.faults.conftest import STALL_TIMEOUT_S, start_streams, undisturbed, wait_all
-from tests.faults.test_worker_kill import REQUESTS, migrations
+from tests.faults.test_worker_kill import REQUESTS, counter, migrations
 
 # Long streams, so that the worker is stopped with most of each still to generate.
 MAX_TOKENS = 900
@@ -53,5 +53,6 @@ def test_sigstop_of_the_serving_worker_moves_its_streams_within_the_stall_timeou
             assert (got.finish_reason, got.completion_tokens) == ("length", MAX_TOKENS)
             assert got.text == want.text, (got.prompt, got.params)
         assert migrations(base_url) >= 1
+        assert counter(base_url, 'failovers_total{reason="stalled"}') == migrations(base_url)
         # Once it runs again it answers its health watch and load polls: back in rotation.
         wait_for(lambda: health(base_url).get("workers_serving") == 2, timeout=30)

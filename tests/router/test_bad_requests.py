@@ -48,6 +48,7 @@ CASES = [
     (COMPLETIONS, body(prompt="word " * 100_000), None, 400, "prompt", "context_length_exceeded", ["500000 characters", "--max-prompt-chars"]),
     (CHAT, body(messages=[{"role": "user", "content": "word " * 100_000}]), None, 400, "messages", "context_length_exceeded", ["500000 characters"]),
     (COMPLETIONS, body(prompt="x", stop=["a"] * 65), None, 400, "stop", None, ["64"]),
+    (CHAT, body(messages=USER * 2049), None, 400, "messages", None, ["at most 2048", "got 2049", "--max-chat-messages"]),
     (COMPLETIONS, body(prompt="x", bogus=1), None, 400, "bogus", None, ["unrecognized"]),
     (COMPLETIONS, body(prompt="x", suffix="y"), None, 400, "suffix", "unsupported_parameter", ["not supported"]),
     (CHAT, body(messages=USER, tools=[{"type": "function"}]), None, 400, "tools.0.function", None, ["name"]),

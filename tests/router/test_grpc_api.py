@@ -43,7 +43,11 @@ def test_complete_streams_what_http_returns(channel, served, tokenizer):
     stub = pb_grpc.RouterServiceStub(channel)
     params = pb.SamplingParams(temperature=0, max_tokens=12)
     request = pb.CompleteRequest(model=MODEL, text=PROMPT, sampling_params=params)
-    texts, ids, finish, usage = collect(stub.Complete(request, metadata=AUTH, timeout=60))
+    call = stub.Complete(request, metadata=AUTH, timeout=60)
+    texts, ids, finish, usage = collect(call)
+    # The worker that served it, in the trailing metadata as in the HTTP header.
+    workers = dict(call.trailing_metadata())["x-pagoda-worker"]
+    assert re.fullmatch(r"[^,]+-\d+", workers), workers
     http = served.client().completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0
     )
