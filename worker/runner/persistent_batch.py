@@ -66,7 +66,10 @@ class PersistentBatch:
         if inputs is None:
             self._sampling = None
             inputs = build_step_inputs(states, num_scheduled, self.block_size)
-            is_decode = len(inputs.input_ids) == len(states) == len(inputs.sample_req_ids)
+            is_decode = (
+                len(inputs.input_ids) == len(states) == len(inputs.sample_req_ids)
+                and not inputs.prompt_logprob_spans
+            )
             self._req_ids = req_ids if is_decode else None
             self._num_blocks = [len(s.block_ids) for s in states]
         self._inputs = inputs
