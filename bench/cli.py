@@ -5,6 +5,7 @@
     roofline    this machine's matmul peak and bandwidth, and the workload's bound
     checkpoint  write the SmolLM2-135M-shaped random checkpoint
     workload    write a workload's JSON
+    profile     where an engine step's time goes, by category (in-process timers)
     summary     a markdown table from result lines
 
 Each command prints one JSON line per result (summary: markdown). Modules load
@@ -88,6 +89,28 @@ def _add_workload(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="JSON file to write.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=None, help="Default: SmolLM2's.")
+    parser.add_argument(
+        "--num-requests", type=int, default=None, help="Keep only the first N (named NAME[:N])."
+    )
+
+
+def _add_profile(parser: argparse.ArgumentParser) -> None:
+    from shared.cli_args import add_dataclass_args
+    from worker.config import EngineConfig, ModelConfig
+
+    _add_workload_args(parser, allow_all=False)
+    parser.add_argument(
+        "--torch-profiler", type=int, default=0, metavar="N",
+        help="Also print torch.profiler's top operators over the first N requests.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clock", choices=("wall", "thread"), default="wall",
+        help="wall: wall time, the engine's threads; thread: one engine thread, its CPU "
+        "time (for a loaded machine).",
+    )  # fmt: skip
+    parser.add_argument("--output", default=None, help="Append the JSON line to this file.")
+    for group in EngineConfig.group_classes():
+        add_dataclass_args(parser, group, skip=("seed",) if group is ModelConfig else ())
 
 
 def _add_summary(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +124,7 @@ COMMANDS = {
     "roofline": (_add_roofline, "bench.roofline", "Machine peak and the workload's bound."),
     "checkpoint": (_add_checkpoint, "bench.cli", "Write the SmolLM2-135M-shaped checkpoint."),
     "workload": (_add_workload, "bench.cli", "Write a workload's JSON file."),
+    "profile": (_add_profile, "bench.step_profile", "Where a step's time goes (in-process)."),
     "summary": (_add_summary, "bench.report", "Markdown table from result lines."),
 }
 
@@ -143,6 +167,8 @@ def write_workload(args: argparse.Namespace) -> int:
     from bench.workloads import DEFAULT_VOCAB_SIZE, make_workload
 
     workload = make_workload(args.name, args.seed, args.vocab_size or DEFAULT_VOCAB_SIZE)
+    if args.num_requests:
+        workload = workload.head(args.num_requests)
     workload.save(args.out)
     print(args.out)
     return 0

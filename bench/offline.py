@@ -82,9 +82,21 @@ def run_offline(llm, workload: Workload, model: str) -> OfflineResult:
         peak_kv_blocks=kv.peak_kv_blocks,
         peak_kv_use=kv.peak_kv_use,
         kv_waste=kv.kv_waste,
+        weight_bytes=_weight_bytes(llm),
         flags=engine_flags(config),
         machine=describe_machine(),
     )
+
+
+def _weight_bytes(llm) -> int | None:
+    """Per decoded token, as stored; None where the model is in other processes (TP)."""
+    from bench.weight_bytes import stored_weight_bytes
+
+    try:
+        model = llm.engine.core.runner.model
+    except AttributeError:
+        return None
+    return stored_weight_bytes(model)
 
 
 def main(args: argparse.Namespace) -> int:

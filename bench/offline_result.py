@@ -36,6 +36,7 @@ class OfflineResult:
     peak_kv_use: float | None = None  # of all KV blocks
     kv_waste: float | None = None  # see bench/step_stats.py
     padding_waste: float | None = None  # static batching: see bench/hf_baseline.py
+    weight_bytes: int | None = None  # read per decoded token, as stored: bench/weight_bytes.py
     flags: list[str] = field(default_factory=list)  # engine flags that differ from default
     machine: dict[str, Any] = field(default_factory=dict)
 

@@ -15,6 +15,8 @@ import argparse
 from typing import Any
 
 from bench.jsonl import read_records
+from bench.profile_table import profile_tables
+from bench.targets import target_sections
 
 BASELINE = "hf-static-B16"
 
@@ -138,7 +140,8 @@ def summarize_files(paths: list[str]) -> str:
     machines = {
         tuple(r["machine"].get(k) for k in ("cpu", "cores")) for r in records if "machine" in r
     }
-    lines = offline_tables(records) + serve_table(records)
+    lines = offline_tables(records) + serve_table(records) + target_sections(records)
+    lines += profile_tables(records)
     if len(machines) > 1:
         lines.append(f"Note: these lines come from {len(machines)} different machines.")
     return "\n".join(lines).rstrip() + "\n"

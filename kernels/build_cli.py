@@ -15,14 +15,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.cpu import _build_dir, load_cpu_kernels, load_weight_only_kernels
+    from kernels import cpu
     from shared import env
 
     if not env.cpu_kernels():
         logger.error("PAGODA_CPU_KERNELS=0 turns the CPU kernels off: nothing to build")
         return 1
-    if load_cpu_kernels() is None or load_weight_only_kernels() is None:
-        logger.error("the CPU kernels could not be built here (see the warning above)")
+    # Every module a worker may load: one left out would compile at the first
+    # start that needs it (an fp8 KV cache, half-storage linears).
+    loaders = (
+        cpu.load_cpu_kernels,
+        cpu.load_weight_only_kernels,
+        cpu.load_fp8_kv_kernels,
+        cpu.load_half_f32_kernels,
+    )
+    missing = []
+    for load in loaders:
+        module = load()
+        if module is None:
+            missing.append(load.__name__)
+        else:
+            logger.info("%s: %s", module.__name__, module.__file__)
+    if missing:
+        logger.error(
+            "the CPU kernels could not be built here (%s; see the warnings above)",
+            ", ".join(missing),
+        )
         return 1
-    logger.info("CPU kernels ready in %s", _build_dir())
+    logger.info("CPU kernels ready in %s", cpu._build_dir())
     return 0

@@ -23,22 +23,27 @@ def write_kv_reference(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Scatter new tokens' K/V ([num_tokens, num_kv_heads, head_dim]) into their slots
-    (caches at any strides, e.g. the K and V halves of one tensor)."""
+    (caches at any strides, e.g. the K and V halves of one tensor). An fp8 cache
+    stores x / scale (k_scale, v_scale: per-tensor, 1.0 uncalibrated)."""
     block_size = key_cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
-    key_cache[blocks, offsets] = _to_cache(key, key_cache.dtype)
-    value_cache[blocks, offsets] = _to_cache(value, value_cache.dtype)
+    key_cache[blocks, offsets] = _to_cache(key, key_cache.dtype, k_scale)
+    value_cache[blocks, offsets] = _to_cache(value, value_cache.dtype, v_scale)
 
 
-def _to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in the cache's dtype; into fp8 (e4m3, scale 1.0) saturating at +-448,
-    where a plain cast would give NaN."""
+def _to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """x in the cache's dtype; into fp8 (e4m3) as x * (1 / scale) in float32, the
+    reciprocal rounded to float32 first (the kernels' arithmetic), saturating at
+    +-448 where a plain cast would give NaN."""
     if x.dtype == dtype:
         return x
     if dtype == torch.float8_e4m3fn:
-        x = x.clamp(-448.0, 448.0)
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32)
+        x = (x.float() * inv.to(x.device)).clamp(-448.0, 448.0)
     return x.to(dtype)
 
 
@@ -51,12 +56,15 @@ def paged_attention_reference(
     seq_lens: Sequence[int],
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
 
     block_tables: [num_seqs, max_num_blocks]; query_start_loc: num_seqs + 1
     offsets into the flattened queries; seq_lens: context length of each
-    sequence including its new tokens.
+    sequence including its new tokens. An fp8 cache holds K / k_scale and
+    V / v_scale: k_scale folds into the softmax scale, v_scale into the output.
     """
     _, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -72,7 +80,7 @@ def paged_attention_reference(
         # [num_kv_heads, group, num_query, head_dim]
         q = query[start:end].view(num_query, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         # [num_kv_heads, group, num_query, seq_len]
-        scores = torch.matmul(q, key.permute(1, 2, 0).unsqueeze(1)) * scale
+        scores = torch.matmul(q, key.permute(1, 2, 0).unsqueeze(1)) * (scale * k_scale)
         # On the query's device: a mask built on the host cannot index CUDA scores.
         q_pos = torch.arange(seq_len - num_query, seq_len, device=query.device).unsqueeze(1)
         k_pos = torch.arange(seq_len, device=query.device).unsqueeze(0)
@@ -82,5 +90,7 @@ def paged_attention_reference(
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         o = torch.matmul(probs, value.permute(1, 0, 2).unsqueeze(1))
+        if v_scale != 1.0:
+            o = o * v_scale
         out[start:end] = o.permute(2, 0, 1, 3).reshape(num_query, num_heads, head_dim)
     return out

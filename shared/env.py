@@ -37,6 +37,17 @@ def cpu_kernels() -> bool:
     return os.environ.get("PAGODA_CPU_KERNELS", "1") not in ("0", "false", "False")
 
 
+def cpu_isa() -> str:
+    """The instruction set the C++ CPU kernels are built for: `native` (default,
+    -march=native) or `avx2` (x86-64-v3: AVX2, FMA, F16C, no AVX-512), which also
+    makes the engine choose as on a CPU without native bf16 (worker/runner/platform.py):
+    the AVX2 paths, run and measured on an AVX-512 machine."""
+    value = os.environ.get("PAGODA_CPU_ISA", "native").lower() or "native"
+    if value not in ("native", "avx2"):
+        raise ValueError(f"PAGODA_CPU_ISA={value!r}: expected native or avx2")
+    return value
+
+
 def cpu_prefill_kernel() -> bool:
     """Whether bf16 prefill attention uses the C++ kernel where the CPU has AMX or
     AVX512-BF16 (on unless set to 0: torch's SDPA, for comparing the two)."""

@@ -45,10 +45,36 @@ _HEADERS = [
 # kernel silently ran on one thread).
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 
+# PAGODA_CPU_ISA (shared/env.py) builds for another instruction set than this
+# CPU's: `avx2` is x86-64-v3 (AVX2, FMA, F16C; no AVX-512), so the AVX2 code
+# paths compile and run on an AVX-512 machine, for tests and measurements. The
+# flags are part of the cache key and the module name carries the ISA, so both
+# builds coexist on disk and in one process.
+_ISA_MARCH = {"native": "-march=native", "avx2": "-march=x86-64-v3"}
+
+
+def isa_flags(isa: str | None = None) -> list[str]:
+    """The compiler flags of a build for `isa` (default: PAGODA_CPU_ISA)."""
+    isa = isa or env.cpu_isa()
+    return [_ISA_MARCH[isa] if f == "-march=native" else f for f in _FLAGS]
+
+
+def _module_name(name: str, isa: str) -> str:
+    return name if isa == "native" else f"{name}_{isa}"
+
 
 # The weight-only linears build as their own module: a change to them does not
 # rebuild the attention kernels (and the reverse).
 _WEIGHT_ONLY_SOURCES = [Path(__file__).with_name("gemm_weight_only.cpp")]
+
+# FP8 KV cache (--kv-cache-dtype fp8): cache write and attention over e4m3
+# caches, their own module too, so a change to either attention path does not
+# rebuild the other.
+_FP8_KV_SOURCES = [Path(__file__).with_name("paged_attention_fp8.cpp")]
+_FP8_KV_HEADERS = [Path(__file__).with_name(name) for name in ("fp8_e4m3.h", "vec16.h")]
+
+# Half-storage float32 linears for CPUs without fast bf16: their own module too.
+_HALF_F32_SOURCES = [Path(__file__).with_name("gemm_half_f32.cpp")]
 
 
 def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
@@ -56,7 +82,9 @@ def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
     return (_SOURCES if sources is None else sources), (_HEADERS if headers is None else headers)
 
 
-def _build_dir(sources: list[Path] | None = None, headers: list[Path] | None = None) -> Path:
+def _build_dir(
+    sources: list[Path] | None = None, headers: list[Path] | None = None, isa: str | None = None
+) -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
     # Keyed by content alone, so every checkout of the same sources shares one build
     # (the sources are compiled from a copy inside the folder, see _staged_sources).
@@ -65,7 +93,7 @@ def _build_dir(sources: list[Path] | None = None, headers: list[Path] | None = N
     for source in [*sources, *headers]:
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
-    digest.update(" ".join(_FLAGS).encode())
+    digest.update(" ".join(isa_flags(isa)).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_model().encode())
     root = Path(
@@ -103,25 +131,60 @@ def _cpu_model() -> str:
 
 
 @cache
-def load_cpu_kernels() -> ModuleType | None:
+def load_cpu_kernels(isa: str | None = None) -> ModuleType | None:
     """The compiled module, or None when it cannot be built here (or
-    PAGODA_CPU_KERNELS=0 asks for the plain-PyTorch paths)."""
-    return _load(MODULE_NAME, _SOURCES, _HEADERS)
+    PAGODA_CPU_KERNELS=0 asks for the plain-PyTorch paths). isa: build for
+    that instruction set instead of PAGODA_CPU_ISA's (tests of the AVX2 paths)."""
+    return _load(MODULE_NAME, _SOURCES, _HEADERS, isa or env.cpu_isa())
 
 
 @cache
-def load_weight_only_kernels() -> ModuleType | None:
+def load_weight_only_kernels(isa: str | None = None) -> ModuleType | None:
     """The weight-only linears (gemm_weight_only.cpp), or None as load_cpu_kernels."""
-    return _load("pagoda_weight_only", _WEIGHT_ONLY_SOURCES, [])
+    return _load("pagoda_weight_only", _WEIGHT_ONLY_SOURCES, [], isa or env.cpu_isa())
 
 
-def _load(name: str, sources: list[Path], headers: list[Path]) -> ModuleType | None:
+@cache
+def load_fp8_kv_kernels(isa: str | None = None) -> ModuleType | None:
+    """The FP8 KV cache kernels (paged_attention_fp8.cpp), or None as load_cpu_kernels."""
+    return _load("pagoda_fp8_kv", _FP8_KV_SOURCES, _FP8_KV_HEADERS, isa or env.cpu_isa())
+
+
+@cache
+def load_half_f32_kernels(isa: str | None = None) -> ModuleType | None:
+    """The half-storage float32 linears (gemm_half_f32.cpp), or None as load_cpu_kernels."""
+    return _load("pagoda_half_f32", _HALF_F32_SOURCES, [], isa or env.cpu_isa())
+
+
+def cpu_runs(isa: str) -> bool:
+    """Whether this CPU executes a build for `isa` (native: always)."""
+    if isa == "native":
+        return True
+    flags = _cpu_flags()
+    return all(f in flags for f in ("avx2", "fma", "f16c"))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _load(name: str, sources: list[Path], headers: list[Path], isa: str) -> ModuleType | None:
     if not env.cpu_kernels():
         return None
+    if not cpu_runs(isa):
+        logger.warning("PAGODA_CPU_ISA=%s: this CPU cannot run that build; plain PyTorch", isa)
+        return None
+    name = _module_name(name, isa)
     try:
         from torch.utils.cpp_extension import load
 
-        build_dir = _build_dir(sources, headers)
+        build_dir = _build_dir(sources, headers, isa)
         with open(build_dir / "pagoda.lock", "w") as guard:
             # torch's own lock is a file that a build killed midway leaves behind, and
             # every later load then waits on it forever. Whoever holds this flock (the
@@ -139,7 +202,7 @@ def _load(name: str, sources: list[Path], headers: list[Path]) -> ModuleType | N
                 return load(
                     name=name,
                     sources=[str(s) for s in _staged_sources(build_dir, sources, headers)],
-                    extra_cflags=_FLAGS,
+                    extra_cflags=isa_flags(isa),
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),
                     verbose=False,

@@ -27,6 +27,11 @@ Split-K: when the grid would be too small to fill the GPU (few decode
 sequences), a third grid axis splits each sequence's tiles into NUM_SPLITS
 ranges whose partial results (unnormalized output, running max and sum) a
 second kernel merges.
+
+FP8 KV cache (KV_FP8): the caches come as their uint8 views, each K/V tile is
+decoded from e4m3 with integer ops (no fp8 instructions: every GPU generation
+and the interpreter alike) into the query's dtype, the softmax scale carries
+k_scale and the output v_scale.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ def _paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_F32: tl.constexpr,
     IEEE: tl.constexpr,
+    v_scale=1.0,
+    KV_FP8: tl.constexpr = False,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -156,6 +163,9 @@ def _paged_attention_kernel(
             mask=k_valid[:, None] & dim_valid[None, :],
             other=0.0,
         )
+        if KV_FP8:
+            k = _widen_e4m3(k).to(q.dtype)
+            v = _widen_e4m3(v).to(q.dtype)
         if DOT_F32:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32))  # [BLOCK_M, TILE]
         elif IEEE:
@@ -182,6 +192,8 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(
@@ -198,6 +210,17 @@ def _paged_attention_kernel(
         )
         tl.store(part_max_ptr + part, m_i, mask=row_valid)
         tl.store(part_sum_ptr + part, l_i, mask=row_valid)
+
+
+@triton.jit
+def _widen_e4m3(byte):
+    """e4m3fn bytes -> float32: s eeee mmm, bias 7; exponent 0 is m * 2^-9."""
+    b = byte.to(tl.int32)
+    exp = (b >> 3) & 15
+    mant = b & 7
+    normal = (((exp + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(exp == 0, mant.to(tl.float32) * 0.001953125, normal)
+    return tl.where((b & 128) != 0, -mag, mag)
 
 
 @triton.jit
@@ -245,10 +268,16 @@ def paged_attention(
     sliding_window: int | None,
     config: AttentionConfig,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of every query row over its sequence's paged context; see the
     module docstring. num_seqs is the length of seq_lens, passed as an int so
-    the launch reads no device value."""
+    the launch reads no device value. k_scale / v_scale: an fp8 cache's."""
+    fp8 = key_cache.dtype == torch.float8_e4m3fn
+    if fp8:
+        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+        scale = scale * k_scale
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -309,6 +338,8 @@ def paged_attention(
         NUM_SPLITS=splits,
         DOT_F32=interpreted(),
         IEEE=query.dtype == torch.float32,
+        v_scale=v_scale,
+        KV_FP8=fp8,
         num_warps=config.num_warps,
     )
     if splits > 1:

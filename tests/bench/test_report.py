@@ -67,6 +67,13 @@ pagoda: cached / uncached time = 0.20 (5.00 s / 25.00 s)
 | workload | engine | load | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 ms | output tok/s | total tok/s | req/s | cached tokens | failed |
 |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|
 | chat | pagoda | c=16 | 120.0 / 480.5 | 30.0 / 41.2 | 29.0 | 250.0 | 1400.0 | 3.50 | 2048 | 0 |
+
+### targets (issue 22)
+
+| target | measured | goal | met |
+|---|---|---|---|
+| mixed: vs vLLM offline | 1.60x | >= 1.5x | yes |
+| shared-prefix: cached / uncached time | 0.20 | <= 0.17 (AVX2) | **no** |
 """
 
 

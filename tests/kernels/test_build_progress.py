@@ -52,6 +52,11 @@ def test_build_kernels_leaves_the_module_in_the_cache():
     assert result.returncode == 0, result.stderr
     folder = result.stderr.rsplit("CPU kernels ready in ", 1)[1].strip()
     assert os.path.exists(os.path.join(folder, f"{MODULE_NAME}.so"))
+    # Every module a worker may load is built, not only the attention kernels.
+    for name in ("pagoda_weight_only", "pagoda_fp8_kv", "pagoda_half_f32"):
+        built = [line for line in result.stderr.splitlines() if f"{name}: " in line]
+        assert built, result.stderr
+        assert os.path.exists(built[-1].rsplit(": ", 1)[1].strip())
 
 
 def test_build_kernels_says_when_the_kernels_are_turned_off():

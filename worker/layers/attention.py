@@ -25,6 +25,9 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        # An fp8 KV cache holds K / k_scale, V / v_scale: 1.0 unless the checkpoint
+        # carries calibrated scales (worker/models/kv_scales.py).
+        self.k_scale = self.v_scale = 1.0
         self.kv_cache: torch.Tensor | None = None  # in the backend's layout
         self.backend: AttentionBackend | None = None
 
@@ -41,5 +44,7 @@ class Attention(nn.Module):
             metadata,
             self.scale,
             self.sliding_window,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)

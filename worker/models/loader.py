@@ -15,6 +15,7 @@ from shared.logging import get_logger
 from worker.distributed import get_tp_size
 from worker.layers.quantization import QuantizationConfig
 from worker.models.checkpoint_slice import CheckpointSlice, materialize
+from worker.models.kv_scales import kv_scale_target, load_kv_scale
 from worker.models.registry import get_model_class
 from worker.models.spec import ModelSpec
 
@@ -85,6 +86,9 @@ def load_weights(model: nn.Module, path: Path) -> None:
     lazy = get_tp_size() > 1
     for name, tensor in iter_checkpoint_tensors(path, lazy):
         if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+            continue
+        if name not in params and kv_scale_target(name) is not None:  # FP8 KV cache scales
+            load_kv_scale(model, name, materialize(tensor))
             continue
         target, shard_id = name, None
         for fused, parts in packed.items():

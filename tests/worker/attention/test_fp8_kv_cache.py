@@ -1,7 +1,8 @@
 """--kv-cache-dtype fp8: the reference backend keeps K/V in e4m3 (scale 1.0,
 saturating) and attends as a float32 cache holding the same rounded values
 would; the budget holds 4x a float32 cache's tokens; backends without fp8
-kernels refuse it at start."""
+kernels refuse it at start; the triton backend's greedy tokens equal the
+reference's (interpreted). The CPU backend's: test_fp8_kv_cpu.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from shared.errors import ConfigError
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
-from worker.attention.backends import get_attention_backend
+from worker.attention.backends import get_attention_backend, register_backend
+from worker.attention.backends.torch_reference import TorchReferenceBackend
 from worker.attention.metadata import BatchLayout
 from worker.config import CacheConfig
 from worker.models.spec import ModelSpec
@@ -73,6 +75,42 @@ def _fields(cache: CacheConfig) -> dict:
     return {f: getattr(cache, f) for f in ("block_size", "kv_cache_memory", "kv_cache_dtype")}
 
 
+class _NoFp8Backend(TorchReferenceBackend):
+    name = "no-fp8"
+    extra_kv_dtypes = ()
+
+
 def test_backends_without_fp8_kernels_refuse_it(make_checkpoint):
-    with pytest.raises(ConfigError, match="--kv-cache-dtype fp8 is not supported by the cpu"):
-        LLM(str(make_checkpoint("llama")), kv_cache_dtype="fp8", num_kv_blocks=64)
+    register_backend("no-fp8", __name__, "_NoFp8Backend")
+    with pytest.raises(ConfigError, match="--kv-cache-dtype fp8 is not supported by the no-fp8"):
+        LLM(
+            str(make_checkpoint("llama")),
+            kv_cache_dtype="fp8",
+            num_kv_blocks=64,
+            attention_backend="no-fp8",
+        )
+
+
+def test_triton_fp8_greedy_equals_reference_fp8(make_checkpoint):
+    from tests.triton_devices import _skip_reason
+
+    reason = _skip_reason("cpu")
+    if reason:
+        pytest.skip(reason)
+    path = make_checkpoint("llama")
+    prompts = random_prompts([3, 11, 6])
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    runs = {}
+    for backend in ("triton", "torch"):
+        llm = LLM(
+            str(path),
+            kv_cache_dtype="fp8",
+            attention_backend=backend,
+            block_size=4,
+            max_model_len=32,
+            num_kv_blocks=32,
+        )
+        runs[backend] = [
+            o.outputs[0].token_ids for o in llm.generate(prompts, greedy, detokenize=False)
+        ]
+    assert runs["triton"] == runs["torch"]

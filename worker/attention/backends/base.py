@@ -59,5 +59,9 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Write the new K/V into the cache, return [num_tokens, num_heads, head_dim]."""
+        """Write the new K/V into the cache, return [num_tokens, num_heads, head_dim].
+        k_scale / v_scale: an fp8 cache's per-tensor scales (it stores K / k_scale);
+        caches in the model's dtype ignore them."""

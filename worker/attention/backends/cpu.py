@@ -10,6 +10,11 @@ prefill's plain twin), straight from the new K/V when the sequence has no cached
 context.
 Without a compiler, or for head shapes the kernels do not cover, the reference
 backend runs instead.
+
+An fp8 cache (--kv-cache-dtype fp8) takes kernels of its own
+(paged_attention_fp8.cpp): the cache write quantizes to e4m3 with the layer's
+k_scale / v_scale, and one flash-style kernel attends decode and prefill rows
+alike, reading e4m3 in place (no cascade: every row reads its whole context).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import load_cpu_kernels
+from kernels.cpu import load_cpu_kernels, load_fp8_kv_kernels
 from shared import env
 from worker.attention.backends.base import AttentionBackend
 from worker.attention.backends.torch_reference import (
@@ -59,13 +64,19 @@ class CPUAttentionMetadata(TorchAttentionMetadata):
     # sequences to bother), and the shortest decode context.
     cascade_blocks: int = 0
     decode_min_len: int = 0
+    # The fp8 kernel's view of every sequence: context lengths [num_seqs] int32 and
+    # row offsets [num_seqs + 1] int64.
+    seq_lens_tensor: torch.Tensor | None = None
+    query_start_tensor: torch.Tensor | None = None
 
 
 class CPUAttentionBackend(AttentionBackend):
     name = "cpu"
+    extra_kv_dtypes = (torch.float8_e4m3fn,)
 
     def __init__(self) -> None:
         self.kernels = load_cpu_kernels()
+        self.fp8_kernels = None  # built on the first fp8 forward: most servers never need it
         self.reference = TorchReferenceBackend()
         self.prefill_kernel = env.cpu_prefill_kernel()
         self._supported: dict[tuple[int, int, int], bool] = {}
@@ -113,9 +124,26 @@ class CPUAttentionBackend(AttentionBackend):
             if len(decode_ids) >= CASCADE_MIN_SEQS
             else 0,
             decode_min_len=min(decode_lens, default=0),
+            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_tensor=torch.tensor(starts, dtype=torch.int64),
         )
 
-    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata,
+        scale,
+        sliding_window,
+        k_scale=1.0,
+        v_scale=1.0,
+    ):
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            return self._forward_fp8(
+                query, key, value, kv_cache, metadata, scale, sliding_window, k_scale, v_scale
+            )
         if not self._supports(query.shape[1], key.shape[1], query.shape[2]):
             return self.reference.forward(
                 query, key, value, kv_cache, metadata, scale, sliding_window
@@ -153,6 +181,41 @@ class CPUAttentionBackend(AttentionBackend):
                 scale,
                 sliding_window,
             )
+        return out
+
+    def _forward_fp8(
+        self, query, key, value, kv_cache, metadata, scale, sliding_window, k_scale, v_scale
+    ):
+        """An e4m3 cache: its own kernels, or the reference where they cannot run."""
+        if self.fp8_kernels is None:
+            self.fp8_kernels = load_fp8_kv_kernels() or False
+        kernels = self.fp8_kernels
+        if (
+            not kernels
+            or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            or not kernels.supports(query.shape[1], key.shape[1], query.shape[2])
+        ):
+            return self.reference.forward(
+                query, key, value, kv_cache, metadata, scale, sliding_window, k_scale, v_scale
+            )
+        key_cache, value_cache = self.split_kv_cache(kv_cache)
+        kernels.write_kv_cache_fp8(
+            key, value, key_cache, value_cache, metadata.slot_mapping, k_scale, v_scale
+        )
+        out = torch.empty(query.shape, dtype=query.dtype)
+        kernels.paged_attention_fp8(
+            query,
+            key_cache,
+            value_cache,
+            metadata.block_tables,
+            metadata.seq_lens_tensor,
+            metadata.query_start_tensor,
+            out,
+            scale,
+            k_scale,
+            v_scale,
+            sliding_window or 0,
+        )
         return out
 
     def _decode(self, query, key_cache, value_cache, plan, out, scale, sliding_window) -> None:

@@ -34,9 +34,24 @@ class TorchReferenceBackend(AttentionBackend):
             seq_lens=layout.seq_lens.tolist(),
         )
 
-    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata,
+        scale,
+        sliding_window,
+        k_scale=1.0,
+        v_scale=1.0,
+    ):
         key_cache, value_cache = self.split_kv_cache(kv_cache)
-        write_kv_reference(key, value, key_cache, value_cache, metadata.slot_mapping)
+        if kv_cache.dtype not in self.extra_kv_dtypes:  # the model's dtype: no scales
+            k_scale = v_scale = 1.0
+        write_kv_reference(
+            key, value, key_cache, value_cache, metadata.slot_mapping, k_scale, v_scale
+        )
         return paged_attention_reference(
             query,
             key_cache,
@@ -46,4 +61,6 @@ class TorchReferenceBackend(AttentionBackend):
             metadata.seq_lens,
             scale,
             sliding_window,
+            k_scale,
+            v_scale,
         )

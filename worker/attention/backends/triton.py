@@ -3,7 +3,8 @@ kernels run in Triton's interpreter (kernels/triton).
 
 KV cache layout: one tensor per layer, [num_blocks, 2, block_size, num_kv_heads,
 head_dim], so a block's K and V sit side by side (vLLM's flash layout); the
-kernels take each half by its strides.
+kernels take each half by its strides. An fp8 cache (--kv-cache-dtype fp8) is
+written and read as e4m3 bytes with per-tensor k/v scales (kernels/triton).
 
 Metadata holds only device tensors and the batch's shape, so a CUDA graph
 captured for a shape replays it from static buffers (supports_cuda_graphs).
@@ -36,6 +37,7 @@ class TritonAttentionMetadata(AttentionMetadata):
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graphs = True
+    extra_kv_dtypes = (torch.float8_e4m3fn,)  # e4m3 decoded in the kernels
 
     def __init__(self, device: torch.device) -> None:
         from kernels.triton import check_device
@@ -87,9 +89,22 @@ class TritonAttentionBackend(AttentionBackend):
             self._configs[key] = config
         return config
 
-    def forward(self, query, key, value, kv_cache, metadata, scale, sliding_window):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata,
+        scale,
+        sliding_window,
+        k_scale=1.0,
+        v_scale=1.0,
+    ):
         key_cache, value_cache = self.split_kv_cache(kv_cache)
-        self._write(key, value, key_cache, value_cache, metadata.slot_mapping)
+        if kv_cache.dtype != torch.float8_e4m3fn:  # scales belong to fp8 caches only
+            k_scale = v_scale = 1.0
+        self._write(key, value, key_cache, value_cache, metadata.slot_mapping, k_scale, v_scale)
         return self._attend(
             query,
             key_cache,
@@ -101,4 +116,6 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             sliding_window,
             self._config(query.shape[1], key.shape[1], metadata),
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

@@ -82,13 +82,22 @@ class WeightScheme:
 class CompressedTensorsConfig(QuantizationConfig):
     name = "compressed-tensors"
 
-    def __init__(self, groups: list[tuple[list[str], WeightScheme, bool]], ignore: list[str]):
+    def __init__(
+        self,
+        groups: list[tuple[list[str], WeightScheme, bool]],
+        ignore: list[str],
+        kv_cache_scales: bool = False,
+    ):
         self.groups, self.ignore = groups, ignore
+        # kv_cache_scheme: the checkpoint carries k/v output scales, which the
+        # loader hands to the attention layers (worker/models/kv_scales.py).
+        self.kv_cache_scales = kv_cache_scales
 
     @classmethod
     def from_config(cls, config):
-        if config.get("kv_cache_scheme"):
-            raise ConfigError("compressed-tensors kv_cache_scheme is not supported")
+        kv_scheme = config.get("kv_cache_scheme")
+        if kv_scheme:
+            _check_kv_cache_scheme(kv_scheme)
         fmt = config.get("format", "pack-quantized")
         groups = []
         for name, group in (config.get("config_groups") or {}).items():
@@ -104,15 +113,18 @@ class CompressedTensorsConfig(QuantizationConfig):
             scheme = WeightScheme(weights, group.get("format") or fmt)
             static = bool(inputs) and not inputs.get("dynamic", False)
             groups.append((list(group.get("targets") or []), scheme, static))
-        if not groups:
+        if not groups and not kv_scheme:
             raise ConfigError("compressed-tensors config has no config_groups")
-        return cls(groups, list(config.get("ignore") or []))
+        return cls(groups, list(config.get("ignore") or []), bool(kv_scheme))
 
     def describe(self):
-        return ", ".join(
+        parts = [
             f"compressed-tensors {s.format} {s.type}{s.bits} {s.strategy}"
             for _, s, _ in self.groups
-        )
+        ]
+        if self.kv_cache_scales:
+            parts.append("fp8 KV cache scales (used with --kv-cache-dtype fp8)")
+        return ", ".join(parts)
 
     def _group_of(self, name: str):
         for targets, scheme, static in self.groups:
@@ -124,8 +136,8 @@ class CompressedTensorsConfig(QuantizationConfig):
         return None
 
     def get_linear_method(self, prefix):
-        if is_layer_skipped(prefix, self.ignore, self.packed_modules):
-            return UnquantizedLinearMethod()
+        if not self.groups or is_layer_skipped(prefix, self.ignore, self.packed_modules):
+            return UnquantizedLinearMethod()  # no groups: a KV-cache-only checkpoint
         found = [self._group_of(name) for name in expand_packed_names(prefix, self.packed_modules)]
         if found[0] is None or any(f is None or f[0] is not found[0][0] for f in found):
             raise ConfigError(
@@ -223,3 +235,18 @@ class CompressedTensorsFp8Method(LinearMethodBase):
 
     def apply(self, layer, x, bias):
         return apply_fp8_weight(layer, x, bias)
+
+
+def _check_kv_cache_scheme(scheme: dict) -> None:
+    """The one KV cache scheme an e4m3 cache can serve: 8-bit float, one static
+    scale per tensor (what llm-compressor writes for vLLM's fp8 cache)."""
+    kind = (
+        scheme.get("type", "float"),
+        scheme.get("num_bits", 8),
+        scheme.get("strategy", "tensor"),
+    )
+    if kind != ("float", 8, "tensor") or scheme.get("dynamic", False):
+        raise ConfigError(
+            f"compressed-tensors kv_cache_scheme {scheme} is not supported; supported: "
+            "type float, num_bits 8, strategy tensor, static (served with --kv-cache-dtype fp8)"
+        )

@@ -1,0 +1,77 @@
+"""Bytes of weights one decoded token reads, as the engine stores them.
+
+At one stream a decode step reads every weight once, so its speed limit is
+
+    decode bound (tokens/s) = read bandwidth (bytes/s) / weight bytes read per token
+
+with the read bandwidth bench/roofline.py measures. "As stored" matters: the same
+model held in bf16 reads half the bytes of float32, whatever dtype the arithmetic
+runs in (llama.cpp on AVX2 widens half-precision weights in registers).
+
+Counted: every tensor the model's modules hold (parameters, buffers and plain
+tensor attributes, such as a packed copy of a weight), once each, except
+
+* lookup tables (the input embedding, RoPE's cos/sin cache): a token reads one
+  row of each;
+* a module's `weight` where the module also holds `packed_weight` (the LM head
+  tied to the embedding keeps the table and computes from its packed copy).
+
+`params_bytes(num_params, dtype)` is the same figure for an engine we cannot look
+inside (vLLM), from bench/model_flops.py's weight count and the dtype it ran in.
+"""
+
+from __future__ import annotations
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1}
+
+
+def _module_tensors(module):
+    import torch
+
+    tensors = dict(module.named_parameters(recurse=False))
+    tensors.update(module.named_buffers(recurse=False))
+    for name, value in vars(module).items():
+        if isinstance(value, torch.Tensor) and not name.startswith("_"):
+            tensors.setdefault(name, value)
+    if tensors.get("packed_weight") is not None:
+        tensors.pop("weight", None)
+    return [t for t in tensors.values() if t is not None]
+
+
+def stored_weight_bytes(model) -> int:
+    """Bytes a decoded token reads from `model` (an nn.Module), as stored."""
+    seen: set[tuple] = set()
+    total = 0
+    for module in model.modules():
+        if _is_lookup_table(module):
+            continue  # a tied LM head still counts the table, through itself
+        for t in _module_tensors(module):
+            key = _identity(t)
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _identity(t) -> tuple:
+    """Where the tensor's bytes are; oneDNN's opaque (packed float32) tensors have
+    no storage to point at, and are never shared, so their own id will do."""
+    try:
+        return ("ptr", t.data_ptr(), t.numel() * t.element_size())
+    except RuntimeError:
+        return ("id", id(t))
+
+
+def _is_lookup_table(module) -> bool:
+    from worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+    from worker.layers.rotary import RotaryEmbedding
+
+    if isinstance(module, ParallelLMHead):
+        return False
+    return isinstance(module, VocabParallelEmbedding | RotaryEmbedding)
+
+
+def params_bytes(num_params: int, dtype: str) -> int | None:
+    """`num_params` weights held in `dtype` (a torch dtype name); None if unknown."""
+    itemsize = _ITEMSIZE.get(dtype)
+    return None if itemsize is None else num_params * itemsize

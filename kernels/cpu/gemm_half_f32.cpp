@@ -1,0 +1,252 @@
+// Linear layers whose weights are STORED in half precision (bf16 or fp16) and
+// computed in float32: for CPUs without fast bf16 arithmetic (AVX2-only x86),
+// where the engine computes in float32 (worker/runner/platform.py).
+//
+// Why: a decode step at a few rows reads every weight once, so its time is the
+// weight bytes over the memory bandwidth. Half storage halves those bytes; each
+// 8 halves widen to 8 floats in a register (bf16: a 16-bit shift; fp16: F16C's
+// vcvtph2ps) right before the FMAs, as llama.cpp does on AVX2. Lossless for a
+// bf16 or fp16 checkpoint: its values are what the float32 weights would hold.
+//
+// Layout: [N, K] -> [N / 16, K, 16] panels (pack_half_panels): one panel is 16
+// output columns, K-major, so a k step reads 32 contiguous bytes and a panel is
+// one sequential stream. The micro-kernel keeps MR rows x 16 columns of
+// accumulators (MR <= 6: 12 of AVX2's 16 registers); at 1-3 rows, where one
+// accumulator chain per column half would be FMA-latency bound, it keeps two
+// chains over k and adds them at the end. At many rows a panel is
+// widened once into a thread-local float32 copy (L2-resident) and every row
+// block reads that, so the conversion is paid per panel, not per row block.
+//
+// The plain-PyTorch twin is F.linear(x, weight.float(), bias); results match
+// it up to float32 summation order (tests/kernels/test_cpu_half_f32.py).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PAGODA_HALF_F32 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kPanel = 16;       // output columns per panel
+constexpr int kMaxRows = 6;      // rows per micro-kernel call
+constexpr int64_t kWidenRows = 12;  // from this many rows, widen each panel once
+
+#ifdef PAGODA_HALF_F32
+// 8 weights (bf16 or fp16 bits) at p -> 8 floats.
+template <bool kBf16>
+inline __m256 widen8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+// The B operand of one k step: 16 columns, from half bits or from floats.
+template <typename B>
+struct Panel;
+template <>
+struct Panel<float> {
+  static inline void at(const float* p, __m256& lo, __m256& hi) {
+    lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
+  }
+};
+template <bool kBf16>
+struct HalfBits {};
+template <bool kBf16>
+struct Panel<HalfBits<kBf16>> {
+  static inline void at(const uint16_t* p, __m256& lo, __m256& hi) {
+    lo = widen8<kBf16>(p), hi = widen8<kBf16>(p + 8);
+  }
+};
+
+// out[MR rows, 16] = x[MR rows, K] @ panel[K, 16] (+ bias). x's element (i, k)
+// is at x[i * row_step + k * k_step]: row-major rows (row_step K, k_step 1) or
+// a packed row block (row_step 1, k_step kMaxRows). The accumulators are named
+// variables, not an array: GCC kept an array of them in memory and stored all
+// twelve on every k step (measured: half of oneDNN's speed). With U = 2 a
+// second set takes the odd k steps (two more independent FMA chains per
+// column half: 1-3 rows are otherwise FMA-latency bound).
+#define PAGODA_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+template <int MR, int U, typename B, typename T>
+void tile(const float* x, int64_t row_step, int64_t k_step, const T* panel, int64_t k_len, const float* bias,
+          float* out, int64_t ldo) {
+  static_assert(MR <= kMaxRows && (U == 1 || (U == 2 && MR <= 3)), "MR x U accumulators exceed the registers");
+#define PAGODA_DECLARE(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = c##i##0, d##i##0 = c##i##0, d##i##1 = c##i##0;
+  PAGODA_ROWS(PAGODA_DECLARE)
+#undef PAGODA_DECLARE
+#define PAGODA_STEP(acc, i)                                           \
+  if constexpr (MR > i) {                                             \
+    const __m256 a = _mm256_broadcast_ss(xk + i * row_step);          \
+    acc##i##0 = _mm256_fmadd_ps(a, lo, acc##i##0);                    \
+    acc##i##1 = _mm256_fmadd_ps(a, hi, acc##i##1);                    \
+  }
+#define PAGODA_C(i) PAGODA_STEP(c, i)
+#define PAGODA_D(i) PAGODA_STEP(d, i)
+  int64_t k = 0;
+  if constexpr (U == 2)
+    for (; k + 2 <= k_len; k += 2) {
+      __m256 lo, hi;
+      const float* xk = x + k * k_step;
+      Panel<B>::at(panel + k * kPanel, lo, hi);
+      PAGODA_ROWS(PAGODA_C)
+      xk += k_step;
+      Panel<B>::at(panel + (k + 1) * kPanel, lo, hi);
+      PAGODA_ROWS(PAGODA_D)
+    }
+  for (; k < k_len; ++k) {
+    __m256 lo, hi;
+    const float* xk = x + k * k_step;
+    Panel<B>::at(panel + k * kPanel, lo, hi);
+    PAGODA_ROWS(PAGODA_C)
+  }
+#undef PAGODA_C
+#undef PAGODA_D
+#undef PAGODA_STEP
+  const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+#define PAGODA_STORE(i)                                                                           \
+  if constexpr (MR > i) {                                                                         \
+    if constexpr (U == 2) c##i##0 = _mm256_add_ps(c##i##0, d##i##0), c##i##1 = _mm256_add_ps(c##i##1, d##i##1); \
+    _mm256_storeu_ps(out + i * ldo, _mm256_add_ps(c##i##0, b0));                                  \
+    _mm256_storeu_ps(out + i * ldo + 8, _mm256_add_ps(c##i##1, b1));                              \
+  }
+  PAGODA_ROWS(PAGODA_STORE)
+#undef PAGODA_STORE
+}
+#undef PAGODA_ROWS
+
+// A few rows (fewer than kWidenRows) against one panel, widened in registers.
+template <bool kBf16>
+void few_rows(const float* x, int64_t rows, const uint16_t* panel, int64_t k_len, const float* bias, float* out,
+              int64_t ldo) {
+  using B = HalfBits<kBf16>;
+  for (int64_t m = 0; m < rows;) {
+    const float* xm = x + m * k_len;
+    float* om = out + m * ldo;
+    switch (std::min<int64_t>(rows - m, kMaxRows)) {
+      case 1: tile<1, 2, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 1; break;
+      case 2: tile<2, 2, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 2; break;
+      case 3: tile<3, 2, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 3; break;
+      case 4: tile<4, 1, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 4; break;
+      case 5: tile<5, 1, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 5; break;
+      default: tile<6, 1, B>(xm, k_len, 1, panel, k_len, bias, om, ldo); m += 6; break;
+    }
+  }
+}
+
+// x [rows, K] -> blocks of kMaxRows rows, each [K, kMaxRows] (the last zero-padded):
+// the micro-kernel then broadcasts from one sequential stream instead of six.
+void pack_rows(const float* x, int64_t rows, int64_t k_len, float* packed) {
+  const int64_t blocks = (rows + kMaxRows - 1) / kMaxRows;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      float* dst = packed + b * k_len * kMaxRows;
+      const int64_t m0 = b * kMaxRows, n = std::min<int64_t>(kMaxRows, rows - m0);
+      for (int64_t k = 0; k < k_len; ++k)
+        for (int i = 0; i < kMaxRows; ++i) dst[k * kMaxRows + i] = i < n ? x[(m0 + i) * k_len + k] : 0.f;
+    }
+  });
+}
+
+template <bool kBf16>
+void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* packed, int64_t panels,
+                 const float* bias, float* out) {
+  const int64_t n = panels * kPanel;
+  std::vector<float> xp;
+  if (rows >= kWidenRows) {
+    xp.resize(((rows + kMaxRows - 1) / kMaxRows) * kMaxRows * k_len);
+    pack_rows(x, rows, k_len, xp.data());
+  }
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    static thread_local std::vector<float> wide;
+    for (int64_t p = begin; p < end; ++p) {
+      const uint16_t* panel = packed + p * k_len * kPanel;
+      const float* b = bias ? bias + p * kPanel : nullptr;
+      float* o = out + p * kPanel;
+      if (rows < kWidenRows) {
+        few_rows<kBf16>(x, rows, panel, k_len, b, o, n);
+        continue;
+      }
+      wide.resize(k_len * kPanel);
+      for (int64_t k = 0; k < k_len; ++k) {
+        __m256 lo, hi;
+        Panel<HalfBits<kBf16>>::at(panel + k * kPanel, lo, hi);
+        _mm256_storeu_ps(wide.data() + k * kPanel, lo);
+        _mm256_storeu_ps(wide.data() + k * kPanel + 8, hi);
+      }
+      int64_t m = 0;
+      for (; m + kMaxRows <= rows; m += kMaxRows)
+        tile<kMaxRows, 1, float>(xp.data() + m * k_len, 1, kMaxRows, wide.data(), k_len, b, o + m * n, n);
+      if (m < rows) {  // the padded last block, through a scratch tile
+        float last[kMaxRows * kPanel];
+        tile<kMaxRows, 1, float>(xp.data() + m * k_len, 1, kMaxRows, wide.data(), k_len, b, last, kPanel);
+        for (int64_t i = 0; i < rows - m; ++i) std::memcpy(o + (m + i) * n, last + i * kPanel, sizeof(float) * kPanel);
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+bool half_f32_supported() {
+#ifdef PAGODA_HALF_F32
+  return true;
+#else
+  return false;
+#endif
+}
+
+// [N, K] bf16 or fp16 -> [N / 16, K, 16] of the same dtype.
+torch::Tensor pack_half_panels(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack_half_panels: weight must be [N, K]");
+  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kHalf,
+              "pack_half_panels: weight must be bf16 or fp16");
+  TORCH_CHECK(weight.size(0) % kPanel == 0, "pack_half_panels: N must be a multiple of ", kPanel);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  return weight.view({n / kPanel, kPanel, k}).transpose(1, 2).contiguous();
+}
+
+// x [M, K] float32 @ packed^T (+ bias float32 [N]) -> [M, N] float32.
+torch::Tensor half_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                                const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(half_f32_supported(), "half_panel_linear: this build has no AVX2+FMA+F16C");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "half_panel_linear: x must be a contiguous float32 [M, K]");
+  const bool bf16 = packed.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || packed.scalar_type() == torch::kHalf) && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(2) == kPanel && packed.size(1) == x.size(1),
+              "half_panel_linear: packed must be pack_half_panels' [N / 16, K, 16] with K = x's");
+  const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == panels * kPanel,
+                "half_panel_linear: bias must be a contiguous float32 [N]");
+    b = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({rows, panels * kPanel}, x.options());
+#ifdef PAGODA_HALF_F32
+  if (rows > 0) {
+    const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+    if (bf16)
+      half_linear<true>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>());
+    else
+      half_linear<false>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>());
+  }
+#endif
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("half_f32_supported", &half_f32_supported, "Whether this build has the AVX2 half-storage linear");
+  m.def("pack_half_panels", &pack_half_panels, "[N, K] bf16/fp16 weight -> [N / 16, K, 16] panels");
+  m.def("half_panel_linear", &half_panel_linear, "x [M, K] f32 @ widened packed^T (+ bias) -> [M, N] f32",
+        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+}
