@@ -73,6 +73,7 @@ def build_streamed_checkpoint(path: Path, seed: int = 0, std: float = 0.02) -> P
     config = transformers.Qwen2Config(
         **shape, torch_dtype="bfloat16", bos_token_id=0, eos_token_id=1
     )
+    config.architectures = ["Qwen2ForCausalLM"]
     config.save_pretrained(str(path))
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
