@@ -222,6 +222,46 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
     return row
 
 
+def truncated_checkpoint(path: Path, depth: int, out: Path) -> Path:
+    """The checkpoint's first `depth` layers (shards linked, not copied)."""
+    if depth == QWEN25_15B_SHAPE["num_hidden_layers"]:
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    keep = {
+        name: file
+        for name, file in index["weight_map"].items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < depth
+    }
+    for file in set(keep.values()):
+        if not (out / file).exists():
+            (out / file).symlink_to(path / file)
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": keep}))
+    for item in path.iterdir():
+        if item.suffix == ".json" and item.name != "model.safetensors.index.json":
+            (out / item.name).write_bytes(item.read_bytes())
+    for item in path.glob("tokenizer*"):
+        (out / item.name).write_bytes(item.read_bytes())
+    config = json.loads((out / "config.json").read_text())
+    config["num_hidden_layers"] = depth
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def extrapolate(low: dict, high: dict, depths: list[int], full: int) -> dict:
+    """Bytes and per-token CPU seconds are (fixed part) + layers x (per-layer part):
+    the two depths give both, and the sum at `full` layers."""
+    factor = (full - depths[0]) / (depths[1] - depths[0])
+    row = {
+        "full_weights_bytes": low["weights_bytes"]
+        + (high["weights_bytes"] - low["weights_bytes"]) * factor
+    }
+    for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
+        s_low, s_high = 1 / low[key], 1 / high[key]
+        row[f"full_{key}"] = 1 / (s_low + (s_high - s_low) * factor)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -233,6 +273,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--mixed-requests", type=int, default=8)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Measure at these depths (the checkpoint's first N layers); two depths: "
+        "per-layer cost and bytes by difference, extrapolated to 28 layers.",
+    )
     parser.add_argument(
         "--wait-mem-gib",
         type=float,
@@ -246,12 +294,21 @@ def main() -> None:
     if args.build_only:
         return
     vocab = QWEN25_15B_SHAPE["vocab_size"]
-    rows = {}
-    for name in args.methods:
-        rows[name] = measure(path, name, args, vocab)
-        print(
-            name, {k: v for k, v in rows[name].items() if k not in ("tokens", "logits")}, flush=True
-        )
+    depths = args.layers or [QWEN25_15B_SHAPE["num_hidden_layers"]]
+    by_depth: dict[int, dict] = {}
+    for depth in depths:
+        model = truncated_checkpoint(path, depth, out / f"layers{depth}")
+        by_depth[depth] = {}
+        for name in args.methods:
+            row = measure(model, name, args, vocab)
+            by_depth[depth][name] = row
+            shown = {k: v for k, v in row.items() if k not in ("tokens", "logits")}
+            print(depth, name, shown, flush=True)
+    rows = by_depth[depths[-1]]
+    if len(depths) == 2:
+        full = QWEN25_15B_SHAPE["num_hidden_layers"]
+        for name, row in rows.items():
+            row.update(extrapolate(by_depth[depths[0]][name], row, depths, full))
     base = rows.get("dense")
     for row in rows.values():
         if base is not None:
@@ -268,6 +325,13 @@ def main() -> None:
         "timing": "engine thread CPU time, 1 thread",
         "args": vars(args),
         "methods": rows,
+        "by_depth": {
+            d: {
+                m: {k: v for k, v in r.items() if k not in ("tokens", "logits")}
+                for m, r in rs.items()
+            }
+            for d, rs in by_depth.items()
+        },
     }
     (out / "quant_1p5b.json").write_text(json.dumps(report, indent=2, default=str))
     print(
@@ -286,6 +350,11 @@ def main() -> None:
         ]
         for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
             cells += [f"{row[key]:.2f}", f"{row[key] / ref[key]:.2f}"]
+        if "full_weights_bytes" in row:
+            cells.append(f"28 layers: {row['full_weights_bytes'] / 2**20:.0f} MiB")
+            for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
+                full = row[f"full_{key}"]
+                cells.append(f"{full:.2f} ({full / ref[f'full_{key}']:.2f}x)")
         print("| " + " | ".join(cells) + " |")
 
 
