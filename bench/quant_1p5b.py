@@ -204,11 +204,11 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
             times.append(time.thread_time() - start)
         row[f"decode_b{batch}_tok_s"] = batch * args.new_tokens / statistics.median(times)
     requests = mixed(TokenDraw(0, vocab, stream="mixed"), num_requests=args.mixed_requests)
-    mixed_prompts = [list(r.prompt) for r in requests]
+    mixed_prompts = [list(r.prompt_token_ids) for r in requests]
     params = [
         SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
     ]
-    total = sum(len(r.prompt) + r.max_tokens for r in requests)
+    total = sum(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     times = []
     for _ in range(args.reps):
         start = time.thread_time()
