@@ -5,7 +5,8 @@
 # exists (docs/VLLM_REFERENCE.md; VLLM_PY overrides the path): offline, then its
 # OpenAI server at the same concurrencies as `pagoda serve`.
 #   QUICK=1         smoke test of the whole script: the first QUICK_REQUESTS (6)
-#                   requests of each workload, vLLM eager (no 3.5 min compile).
+#                   requests of each workload, at most QUICK_MAX_TOKENS (16) output
+#                   tokens each, vLLM eager (no 3.5 min compile).
 #                   Its figures mean nothing; it checks that every pass runs.
 #   SKIP_HF=1       no transformers baselines (they take ~5 min).
 #   PROFILE=0       no step profile of `mixed` (bench/step_profile.py).
@@ -23,7 +24,7 @@ PAGODA=(python -m shared.cli)
 CUT=()
 VLLM_FLAGS=()
 if [[ $QUICK == 1 ]]; then
-  CUT=(--num-requests "${QUICK_REQUESTS:-6}")
+  CUT=(--num-requests "${QUICK_REQUESTS:-6}" --max-tokens "${QUICK_MAX_TOKENS:-16}")
   VLLM_FLAGS=(--enforce-eager)
 fi
 if [[ -e $OUT/offline.jsonl || -e $OUT/serve.jsonl ]]; then
@@ -50,8 +51,7 @@ done
 "${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --out "$OUT/workloads/serve-warmup.json"
 
 roofline() {  # the machine's peaks, each workload's bound; rates offline lines when given
-  # `all` cut as the files were: the same workloads, the same names.
-  "${PAGODA[@]}" bench roofline --model "$MODEL" --workload all "${CUT[@]}" "$@" \
+  "${PAGODA[@]}" bench roofline --model "$MODEL" --workload "${files[@]}" "$@" \
     --output "$OUT/roofline.jsonl"
 }
 echo "== roofline (machine peaks)" >&2
