@@ -144,7 +144,8 @@ serve_pass() {  # serve_pass PORT ENGINE: warm-up, then each concurrency
 }
 
 echo "== pagoda serve" >&2
-start_server "$PORT" "$OUT/serve.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT"
+# --grpc-port 0: the text gRPC API on any free port (the default one may be taken).
+start_server "$PORT" "$OUT/serve.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT" --grpc-port 0
 serve_pass "$PORT" pagoda
 stop_server
 
