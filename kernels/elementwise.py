@@ -15,7 +15,9 @@ _TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def elementwise_kernels(x: torch.Tensor) -> ModuleType | None:
-    if x.device.type == "cuda":
+    # x.is_cuda, not x.device.type: a norm, RoPE or activation asks on every call,
+    # and x.device makes a device object each time (0.25 us, 90 times a step).
+    if x.is_cuda:
         from kernels.triton import triton_available
 
         if x.dtype not in _TRITON_DTYPES or not triton_available():

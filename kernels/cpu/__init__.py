@@ -214,8 +214,15 @@ def _load(name: str, sources: list[Path], headers: list[Path], isa: str) -> Modu
 
 def fused_elementwise_kernels(x) -> ModuleType | None:
     """The kernels when `x` is a bf16 or float32 CPU tensor they take, else None (use the twin)."""
-    import torch
-
-    if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu":
+    # Asked by every norm, RoPE and activation call: is_cpu, not device.type (a
+    # device object per call), and no import statement per call.
+    if not x.is_cpu or x.dtype not in _fused_dtypes():
         return None
     return load_cpu_kernels()
+
+
+@cache
+def _fused_dtypes() -> tuple:
+    import torch  # lazily, as everywhere in this module
+
+    return (torch.bfloat16, torch.float32)

@@ -14,6 +14,7 @@ from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.distributed import get_tp_size
 from worker.layers.quantization import QuantizationConfig
+from worker.models.attribute_cache import cache_module_attributes
 from worker.models.checkpoint_slice import CheckpointSlice, materialize
 from worker.models.kv_scales import kv_scale_target, load_kv_scale
 from worker.models.registry import get_model_class
@@ -141,4 +142,6 @@ def build_model(
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, spec.path)
-    return model.eval()
+    model.eval()
+    cache_module_attributes(model)  # last: the weights are final now
+    return model

@@ -24,10 +24,11 @@ from worker.models.spec import ModelSpec
 from worker.outputs import TokenLogprobs
 from worker.runner.cuda_graphs import CUDAGraphRunner, GraphCapture, capture_sizes
 from worker.runner.kv_memory import allocate_kv_pool, kv_cache_dtype
+from worker.runner.persistent_batch import PersistentBatch
 from worker.runner.request_state import RequestState
 from worker.runner.sampling_inputs import build_sampling_metadata
 from worker.runner.staging import StepStaging
-from worker.runner.step_inputs import StepInputs, build_step_inputs
+from worker.runner.step_inputs import StepInputs
 from worker.sample.sampler import Sampler, SamplingMetadata
 from worker.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from worker.structured.bitmask import apply_bitmask, fill_bitmask
@@ -68,6 +69,7 @@ class ModelRunner:
         self.sampler = Sampler(generator)
         self.kv_caches: list[torch.Tensor] = []
         self.staging = StepStaging(device)
+        self.batch = PersistentBatch(self.block_size)
         self.max_num_blocks = -(-max_model_len // self.block_size)
         self.graphs: CUDAGraphRunner | None = None
 
@@ -173,6 +175,8 @@ class ModelRunner:
         self.graphs.capture_all()
 
     def _update_states(self, output: SchedulerOutput) -> None:
+        if output.finished_req_ids or output.scheduled_new_reqs:
+            self.batch.forget()  # its rows' requests changed
         for req_id in output.finished_req_ids:
             self.requests.pop(req_id, None)
         for new in output.scheduled_new_reqs:
@@ -194,6 +198,7 @@ class ModelRunner:
         for cached in output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.resumed_from_preemption:
+                self.batch.forget()
                 state.block_ids = list(cached.new_block_ids)
                 if state.grammar is not None:  # recomputed from its tokens, so is its matcher
                     state.grammar.rebuild(state.output_token_ids)
@@ -206,20 +211,15 @@ class ModelRunner:
         self._update_states(output)
         if output.is_empty:
             return ModelRunnerOutput()
-        states = [self.requests[r] for r in output.num_scheduled_tokens]
-        inputs = build_step_inputs(
-            states, list(output.num_scheduled_tokens.values()), self.block_size
-        )
+        req_ids = tuple(output.num_scheduled_tokens)
+        states = [self.requests[r] for r in req_ids]
+        inputs = self.batch.step_inputs(req_ids, states, list(output.num_scheduled_tokens.values()))
         graph_size = self.graphs.size_for(inputs) if self.graphs is not None else None
         if graph_size is not None:
             inputs = inputs.padded(graph_size, self.graphs.max_num_blocks)
         sample_states = [self.requests[r] for r in inputs.sample_req_ids]
         sampling = (
-            build_sampling_metadata(
-                sample_states, self.spec.vocab_size, self.spec.eos_token_ids, torch.device("cpu")
-            )
-            if sample_states
-            else None
+            self.batch.sampling(sample_states, self._build_sampling) if sample_states else None
         )
         staged = self.staging.upload(self._step_arrays(inputs, sampling))
         tensors = staged.tensors
@@ -235,6 +235,11 @@ class ModelRunner:
         if sampling is not None:
             self._sample(hidden, sample_states, _on_device(sampling, tensors), tensors, result)
         return result
+
+    def _build_sampling(self, states: list[RequestState]) -> SamplingMetadata:
+        return build_sampling_metadata(
+            states, self.spec.vocab_size, self.spec.eos_token_ids, torch.device("cpu")
+        )
 
     def _step_arrays(
         self, inputs: StepInputs, sampling: SamplingMetadata | None
