@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from worker.layers import cpu_packed
+from worker.layers import cpu_half_f32, cpu_packed
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -57,12 +57,17 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def process_weights_after_loading(self) -> None:
         # A copy, not a replacement: a tied weight is also the embedding table.
-        if cpu_packed.can_pack(self.weight):
+        # Half panels where lossless on a CPU without fast bf16 (cpu_half_f32.py).
+        if self.weight.shape[0] % 16 == 0:
+            self.packed_weight = cpu_half_f32.pack_if_lossless(self.weight.data)
+        if self.packed_weight is None and cpu_packed.can_pack(self.weight):
             self.packed_weight = cpu_packed.pack(self.weight.data)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden_size] -> [num_seqs, vocab_size]"""
-        if self.packed_weight is not None:
+        if self.packed_weight is not None and cpu_half_f32.is_half_panels(self.packed_weight):
+            logits = cpu_half_f32.half_linear(hidden_states, self.packed_weight, None)
+        elif self.packed_weight is not None:
             logits = cpu_packed.packed_linear(hidden_states, self.packed_weight, None)
         else:
             logits = F.linear(hidden_states, self.weight)
