@@ -43,8 +43,8 @@ def test_bf16_checkpoint_runs_float32_over_bf16_weights(avx2_cpu, make_checkpoin
     llm = LLM(str(path), **ENGINE)
     weights = _linear_weights(llm)
     assert weights and all(w.dtype == torch.bfloat16 and w.dim() == 3 for w in weights)
-    head = llm.engine.core.runner.model.lm_head.packed_weight
-    assert head is not None and cpu_half_f32.is_half_panels(head)
+    head = llm.engine.core.runner.model.lm_head
+    assert head.packed_is_half_f32 and head.packed_weight.dtype == torch.bfloat16
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
 

@@ -70,10 +70,6 @@ def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
     return kernels.pack_half_panels(weight.to(dtype))
 
 
-def is_half_panels(weight: torch.Tensor) -> bool:
-    return weight.dim() == 3 and weight.dtype in (torch.bfloat16, torch.float16)
-
-
 def half_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels."""
     kernel = load_half_f32_kernels().half_panel_linear

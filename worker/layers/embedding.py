@@ -51,6 +51,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits over the full vocabulary."""
 
     packed_weight: torch.Tensor | None = None
+    packed_is_half_f32 = False  # packed_weight is cpu_half_f32's panels, not cpu_packed's
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
@@ -58,14 +59,14 @@ class ParallelLMHead(VocabParallelEmbedding):
     def process_weights_after_loading(self) -> None:
         # A copy, not a replacement: a tied weight is also the embedding table.
         # Half panels where lossless on a CPU without fast bf16 (cpu_half_f32.py).
-        if self.weight.shape[0] % 16 == 0:
-            self.packed_weight = cpu_half_f32.pack_if_lossless(self.weight.data)
+        self.packed_weight = cpu_half_f32.pack_if_lossless(self.weight.data)
+        self.packed_is_half_f32 = self.packed_weight is not None
         if self.packed_weight is None and cpu_packed.can_pack(self.weight):
             self.packed_weight = cpu_packed.pack(self.weight.data)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden_size] -> [num_seqs, vocab_size]"""
-        if self.packed_weight is not None and cpu_half_f32.is_half_panels(self.packed_weight):
+        if self.packed_is_half_f32:
             logits = cpu_half_f32.half_linear(hidden_states, self.packed_weight, None)
         elif self.packed_weight is not None:
             logits = cpu_packed.packed_linear(hidden_states, self.packed_weight, None)
