@@ -22,9 +22,15 @@ from bench.workloads import WORKLOADS
 _WORKLOAD_HELP = f"{', '.join(WORKLOADS)}, all, or a workload JSON file."
 
 
-def _add_workload_args(parser: argparse.ArgumentParser, allow_all: bool = True) -> None:
+def _add_workload_args(
+    parser: argparse.ArgumentParser, allow_all: bool = True, many: bool = False
+) -> None:
     parser.add_argument(
-        "--workload", required=True, help=_WORKLOAD_HELP if allow_all else _WORKLOAD_HELP[:-1]
+        "--workload",
+        required=True,
+        nargs="+" if many else None,
+        help=(_WORKLOAD_HELP if allow_all else _WORKLOAD_HELP[:-1])
+        + (" One or more." if many else ""),
     )
     parser.add_argument("--seed", type=int, default=0, help="Workload seed.")
     parser.add_argument(
@@ -71,7 +77,7 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
 
 def _add_roofline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Checkpoint folder or Hub id.")
-    _add_workload_args(parser)
+    _add_workload_args(parser, many=True)
     parser.add_argument("--result", default=None, help="Offline result JSONL to rate.")
     parser.add_argument("--matmul-size", type=int, default=2048, help="Square matmul side.")
     parser.add_argument("--repeats", type=int, default=5, help="Best of this many timings.")
@@ -91,6 +97,12 @@ def _add_workload(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=None, help="Default: SmolLM2's.")
     parser.add_argument(
         "--num-requests", type=int, default=None, help="Keep only the first N (named NAME[:N])."
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="Cap every request's max_tokens (a smoke test).",
     )
 
 
@@ -169,6 +181,8 @@ def write_workload(args: argparse.Namespace) -> int:
     workload = make_workload(args.name, args.seed, args.vocab_size or DEFAULT_VOCAB_SIZE)
     if args.num_requests:
         workload = workload.head(args.num_requests)
+    if args.max_tokens:
+        workload = workload.capped(args.max_tokens)
     workload.save(args.out)
     print(args.out)
     return 0

@@ -73,6 +73,7 @@ def build_streamed_checkpoint(path: Path, seed: int = 0, std: float = 0.02) -> P
     config = transformers.Qwen2Config(
         **shape, torch_dtype="bfloat16", bos_token_id=0, eos_token_id=1
     )
+    config.architectures = ["Qwen2ForCausalLM"]
     config.save_pretrained(str(path))
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
@@ -203,11 +204,11 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
             times.append(time.thread_time() - start)
         row[f"decode_b{batch}_tok_s"] = batch * args.new_tokens / statistics.median(times)
     requests = mixed(TokenDraw(0, vocab, stream="mixed"), num_requests=args.mixed_requests)
-    mixed_prompts = [list(r.prompt) for r in requests]
+    mixed_prompts = [list(r.prompt_token_ids) for r in requests]
     params = [
         SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
     ]
-    total = sum(len(r.prompt) + r.max_tokens for r in requests)
+    total = sum(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     times = []
     for _ in range(args.reps):
         start = time.thread_time()
@@ -218,6 +219,46 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
     llm.shutdown()
     del llm
     gc.collect()
+    return row
+
+
+def truncated_checkpoint(path: Path, depth: int, out: Path) -> Path:
+    """The checkpoint's first `depth` layers (shards linked, not copied)."""
+    if depth == QWEN25_15B_SHAPE["num_hidden_layers"]:
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    keep = {
+        name: file
+        for name, file in index["weight_map"].items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < depth
+    }
+    for file in set(keep.values()):
+        if not (out / file).exists():
+            (out / file).symlink_to(path / file)
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": keep}))
+    for item in path.iterdir():
+        if item.suffix == ".json" and item.name != "model.safetensors.index.json":
+            (out / item.name).write_bytes(item.read_bytes())
+    for item in path.glob("tokenizer*"):
+        (out / item.name).write_bytes(item.read_bytes())
+    config = json.loads((out / "config.json").read_text())
+    config["num_hidden_layers"] = depth
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def extrapolate(low: dict, high: dict, depths: list[int], full: int) -> dict:
+    """Bytes and per-token CPU seconds are (fixed part) + layers x (per-layer part):
+    the two depths give both, and the sum at `full` layers."""
+    factor = (full - depths[0]) / (depths[1] - depths[0])
+    row = {
+        "full_weights_bytes": low["weights_bytes"]
+        + (high["weights_bytes"] - low["weights_bytes"]) * factor
+    }
+    for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
+        s_low, s_high = 1 / low[key], 1 / high[key]
+        row[f"full_{key}"] = 1 / (s_low + (s_high - s_low) * factor)
     return row
 
 
@@ -233,6 +274,14 @@ def main() -> None:
     parser.add_argument("--mixed-requests", type=int, default=8)
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Measure at these depths (the checkpoint's first N layers); two depths: "
+        "per-layer cost and bytes by difference, extrapolated to 28 layers.",
+    )
+    parser.add_argument(
         "--wait-mem-gib",
         type=float,
         default=0.0,
@@ -245,12 +294,21 @@ def main() -> None:
     if args.build_only:
         return
     vocab = QWEN25_15B_SHAPE["vocab_size"]
-    rows = {}
-    for name in args.methods:
-        rows[name] = measure(path, name, args, vocab)
-        print(
-            name, {k: v for k, v in rows[name].items() if k not in ("tokens", "logits")}, flush=True
-        )
+    depths = args.layers or [QWEN25_15B_SHAPE["num_hidden_layers"]]
+    by_depth: dict[int, dict] = {}
+    for depth in depths:
+        model = truncated_checkpoint(path, depth, out / f"layers{depth}")
+        by_depth[depth] = {}
+        for name in args.methods:
+            row = measure(model, name, args, vocab)
+            by_depth[depth][name] = row
+            shown = {k: v for k, v in row.items() if k not in ("tokens", "logits")}
+            print(depth, name, shown, flush=True)
+    rows = by_depth[depths[-1]]
+    if len(depths) == 2:
+        full = QWEN25_15B_SHAPE["num_hidden_layers"]
+        for name, row in rows.items():
+            row.update(extrapolate(by_depth[depths[0]][name], row, depths, full))
     base = rows.get("dense")
     for row in rows.values():
         if base is not None:
@@ -267,6 +325,13 @@ def main() -> None:
         "timing": "engine thread CPU time, 1 thread",
         "args": vars(args),
         "methods": rows,
+        "by_depth": {
+            d: {
+                m: {k: v for k, v in r.items() if k not in ("tokens", "logits")}
+                for m, r in rs.items()
+            }
+            for d, rs in by_depth.items()
+        },
     }
     (out / "quant_1p5b.json").write_text(json.dumps(report, indent=2, default=str))
     print(
@@ -285,6 +350,11 @@ def main() -> None:
         ]
         for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
             cells += [f"{row[key]:.2f}", f"{row[key] / ref[key]:.2f}"]
+        if "full_weights_bytes" in row:
+            cells.append(f"28 layers: {row['full_weights_bytes'] / 2**20:.0f} MiB")
+            for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
+                full = row[f"full_{key}"]
+                cells.append(f"{full:.2f} ({full / ref[f'full_{key}']:.2f}x)")
         print("| " + " | ".join(cells) + " |")
 
 

@@ -148,7 +148,12 @@ def main(args: argparse.Namespace) -> int:
     flops = ModelFlops.from_spec(spec)
     results = read_records([args.result]) if args.result else []
     peaks = measure_peaks(args.matmul_size, args.repeats)
-    workloads = resolve_workloads(args.workload, args.seed, spec.vocab_size, args.num_requests)
+    specs = [args.workload] if isinstance(args.workload, str) else args.workload
+    workloads = [
+        w
+        for one in specs
+        for w in resolve_workloads(one, args.seed, spec.vocab_size, args.num_requests)
+    ]
     for workload in workloads:
         record = bound_record(flops, workload, peaks, results)
         emit({**record, "model": args.model, "machine": describe_machine()}, args.output)

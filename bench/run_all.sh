@@ -5,7 +5,8 @@
 # exists (docs/VLLM_REFERENCE.md; VLLM_PY overrides the path): offline, then its
 # OpenAI server at the same concurrencies as `pagoda serve`.
 #   QUICK=1         smoke test of the whole script: the first QUICK_REQUESTS (6)
-#                   requests of each workload, vLLM eager (no 3.5 min compile).
+#                   requests of each workload, at most QUICK_MAX_TOKENS (16) output
+#                   tokens each, vLLM eager (no 3.5 min compile), 1 GiB KV caches.
 #                   Its figures mean nothing; it checks that every pass runs.
 #   SKIP_HF=1       no transformers baselines (they take ~5 min).
 #   PROFILE=0       no step profile of `mixed` (bench/step_profile.py).
@@ -22,9 +23,13 @@ CONCURRENCY=(1 16 64)
 PAGODA=(python -m shared.cli)
 CUT=()
 VLLM_FLAGS=()
+KV=()  # Pagoda's KV cache: its default (sized from free memory) unless QUICK
 if [[ $QUICK == 1 ]]; then
-  CUT=(--num-requests "${QUICK_REQUESTS:-6}")
+  CUT=(--num-requests "${QUICK_REQUESTS:-6}" --max-tokens "${QUICK_MAX_TOKENS:-16}")
   VLLM_FLAGS=(--enforce-eager)
+  # A smoke run shares the machine: small KV caches, so no engine meets the OOM killer.
+  KV=(--kv-cache-memory 1GiB)
+  export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 fi
 if [[ -e $OUT/offline.jsonl || -e $OUT/serve.jsonl ]]; then
   # Result files are appended to, and the summary takes the last line per row.
@@ -50,8 +55,7 @@ done
 "${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --out "$OUT/workloads/serve-warmup.json"
 
 roofline() {  # the machine's peaks, each workload's bound; rates offline lines when given
-  # `all` cut as the files were: the same workloads, the same names.
-  "${PAGODA[@]}" bench roofline --model "$MODEL" --workload all "${CUT[@]}" "$@" \
+  "${PAGODA[@]}" bench roofline --model "$MODEL" --workload "${files[@]}" "$@" \
     --output "$OUT/roofline.jsonl"
 }
 echo "== roofline (machine peaks)" >&2
@@ -67,13 +71,14 @@ fi
 # speed drifts within minutes, so ABA.md compares vLLM with both Pagoda passes.
 pagoda_pass() {
   for f in "${files[@]}"; do  # a fresh engine per workload, as each would run alone
-    "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" --output "$1"
+    "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$f" "${BUDGET[@]}" "${KV[@]}" \
+      --output "$1"
   done
 }
 echo "== pagoda offline" >&2
 pagoda_pass "$OUT/offline.jsonl"
 "${PAGODA[@]}" bench offline --model "$MODEL" --workload "$OUT/workloads/shared-prefix.json" \
-  --no-enable-prefix-caching "${BUDGET[@]}" --output "$OUT/offline.jsonl"
+  --no-enable-prefix-caching "${BUDGET[@]}" "${KV[@]}" --output "$OUT/offline.jsonl"
 
 # In the dtype Pagoda chose here (bf16 where the CPU has fast bf16, float32
 # elsewhere), offline and served.
@@ -144,7 +149,9 @@ serve_pass() {  # serve_pass PORT ENGINE: warm-up, then each concurrency
 }
 
 echo "== pagoda serve" >&2
-start_server "$PORT" "$OUT/serve.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT"
+# --grpc-port 0: the text gRPC API on any free port (the default one may be taken).
+start_server "$PORT" "$OUT/serve.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT" --grpc-port 0 \
+  "${KV[@]}"
 serve_pass "$PORT" pagoda
 stop_server
 
@@ -165,7 +172,7 @@ if [[ ${PROFILE:-1} == 1 ]]; then
   : >"$OUT/profile.md"
   for clock in wall thread; do
     "${PAGODA[@]}" bench profile --model "$MODEL" --workload "$OUT/workloads/mixed.json" \
-      "${BUDGET[@]}" --clock "$clock" --output "$OUT/profile.jsonl" >>"$OUT/profile.md"
+      "${BUDGET[@]}" "${KV[@]}" --clock "$clock" --output "$OUT/profile.jsonl" >>"$OUT/profile.md"
   done
 fi
 

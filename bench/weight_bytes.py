@@ -12,7 +12,7 @@ Counted: every tensor the model's modules hold (parameters, buffers and plain
 tensor attributes, such as a packed copy of a weight), once each, except
 
 * lookup tables (the input embedding, RoPE's cos/sin cache): a token reads one
-  row of each;
+  row of each; and the attention layers' KV cache, which is not a weight;
 * a module's `weight` where the module also holds `packed_weight` (the LM head
   tied to the embedding keeps the table and computes from its packed copy).
 
@@ -63,12 +63,16 @@ def _identity(t) -> tuple:
 
 
 def _is_lookup_table(module) -> bool:
+    """Modules whose tensors a token reads only in part: the embedding table, RoPE's
+    cache, and the attention layers, whose tensors are the KV cache (read in
+    proportion to the context, not a weight)."""
+    from worker.layers.attention import Attention
     from worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
     from worker.layers.rotary import RotaryEmbedding
 
     if isinstance(module, ParallelLMHead):
         return False
-    return isinstance(module, VocabParallelEmbedding | RotaryEmbedding)
+    return isinstance(module, VocabParallelEmbedding | RotaryEmbedding | Attention)
 
 
 def params_bytes(num_params: int, dtype: str) -> int | None:

@@ -66,6 +66,19 @@ class Workload:
             conversations,
         )
 
+    def capped(self, max_tokens: int) -> Workload:
+        """Every request's max_tokens cut to at most `max_tokens`, named `name[..,<=n]`
+        (a smoke test's workload: fewer decode steps; the prompts are unchanged)."""
+        requests = tuple(
+            BenchRequest(r.prompt_token_ids, min(r.max_tokens, max_tokens)) for r in self.requests
+        )
+        name = (
+            f"{self.name[:-1]},<={max_tokens}]"
+            if self.name.endswith("]")
+            else f"{self.name}[<={max_tokens}]"
+        )
+        return Workload(name, self.seed, self.vocab_size, requests, self.conversations)
+
     def to_json(self) -> dict:
         data = {
             "name": self.name,

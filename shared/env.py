@@ -48,6 +48,13 @@ def cpu_isa() -> str:
     return value
 
 
+def cpu_half_weights() -> bool:
+    """Whether, on a CPU without native bf16, float32 linear weights that are exact
+    bf16/fp16 values (a half checkpoint) are stored in that half dtype and widened
+    in registers (worker/layers/cpu_half_f32.py; on unless set to 0, for comparing)."""
+    return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "1") not in ("0", "false", "False")
+
+
 def cpu_prefill_kernel() -> bool:
     """Whether bf16 prefill attention uses the C++ kernel where the CPU has AMX or
     AVX512-BF16 (on unless set to 0: torch's SDPA, for comparing the two)."""

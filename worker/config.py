@@ -119,9 +119,9 @@ class CacheConfig:
         default="auto",
         metadata={
             "help": "KV cache dtype. auto: the model dtype; fp8 (= fp8_e4m3): e4m3 with a "
-            "per-tensor scale of 1.0 (vLLM's default without calibrated scales), values "
-            "saturating at +-448: half a bf16 cache's bytes per token. fp8 runs on "
-            "--attention-backend torch.",
+            "per-tensor scale per layer (the checkpoint's k_scale / v_scale, else 1.0 as "
+            "in vLLM), values saturating at +-448: half a bf16 cache's bytes per token, on "
+            "every attention backend.",
             "choices": KV_CACHE_DTYPES,
         },
     )

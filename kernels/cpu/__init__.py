@@ -150,10 +150,14 @@ def load_fp8_kv_kernels(isa: str | None = None) -> ModuleType | None:
     return _load("pagoda_fp8_kv", _FP8_KV_SOURCES, _FP8_KV_HEADERS, isa or env.cpu_isa())
 
 
-@cache
 def load_half_f32_kernels(isa: str | None = None) -> ModuleType | None:
     """The half-storage float32 linears (gemm_half_f32.cpp), or None as load_cpu_kernels."""
-    return _load("pagoda_half_f32", _HALF_F32_SOURCES, [], isa or env.cpu_isa())
+    return _load_half_f32(isa or env.cpu_isa())
+
+
+@cache
+def _load_half_f32(isa: str) -> ModuleType | None:
+    return _load("pagoda_half_f32", _HALF_F32_SOURCES, [], isa)
 
 
 def cpu_runs(isa: str) -> bool:

@@ -91,56 +91,60 @@ void attend_tile(const Tile& tile, const scalar_t* q_ptr, int64_t q_stride, cons
     return base + (static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size) * row_elems +
            tile.h * kDim;
   };
-  vec16 dots[kTileQueries][kTokens];
-  alignas(64) float p[kTileQueries][kTokens];
+  // A chunk's K and V rows, widened once into L1 and read by every query
+  // vector, whose query and accumulators then stay in registers (walking
+  // vectors per token instead kept 6 x 8 accumulators in memory: a load and a
+  // store per FMA, 3.8x the bf16 kernel's time at 32 x 512 tokens).
+  vec16 kw[kTokens][kChunks], vw[kTokens][kChunks];
   for (int64_t t0 = lo; t0 <= last; t0 += kTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kTokens, last + 1 - t0));
     for (int i = 0; i < kTokens; ++i) {
-      vec16 k[kChunks] = {};
       if (i < n) {
         const uint8_t* kr = row_of(kc, t0 + i);
-        for (int c = 0; c < kChunks; ++c) k[c] = widen_e4m3(kr + c * kLanes);
-      }
-      for (int j = 0; j < nq; ++j) {
-        vec16 d = q[j][0] * k[0];
-        for (int c = 1; c < kChunks; ++c) d += q[j][c] * k[c];
-        dots[j][i] = d;
+        const uint8_t* vr = row_of(vc, t0 + i);
+        for (int c = 0; c < kChunks; ++c) {
+          kw[i][c] = widen_e4m3(kr + c * kLanes);
+          vw[i][c] = widen_e4m3(vr + c * kLanes);
+        }
+      } else {
+        for (int c = 0; c < kChunks; ++c) kw[i][c] = vw[i][c] = vec16{};
       }
     }
+    // Every token of the chunk visible to every vector: no mask (all but a
+    // causal or window edge).
+    const bool whole = t0 + n - 1 <= pos[0] && (window <= 0 || last - t0 < window) && n == kTokens;
     for (int j = 0; j < nq; ++j) {
-      vec16 s = sum16(dots[j]);
+      vec16 qr[kChunks];
+      for (int c = 0; c < kChunks; ++c) qr[c] = q[j][c];
+      vec16 dots[kTokens];
+      for (int i = 0; i < kTokens; ++i) {
+        vec16 d = qr[0] * kw[i][0];
+        for (int c = 1; c < kChunks; ++c) d += qr[c] * kw[i][c];
+        dots[i] = d;
+      }
+      vec16 s = sum16(dots);
+      if (!whole) {
+        for (int i = 0; i < kTokens; ++i) {
+          const int64_t t = t0 + i;
+          const bool seen = i < n && t <= pos[j] && (window <= 0 || pos[j] - t < window);
+          s[i] = seen ? s[i] : -INFINITY;
+        }
+      }
       float top = m[j];
-      for (int i = 0; i < kTokens; ++i) {
-        const int64_t t = t0 + i;
-        const bool seen = i < n && t <= pos[j] && (window <= 0 || pos[j] - t < window);
-        s[i] = seen ? s[i] : -INFINITY;
-        top = std::max(top, s[i]);
-      }
-      if (top == -INFINITY) {  // nothing of this chunk is visible to this row yet
-        std::memset(p[j], 0, sizeof(p[j]));
-        continue;
-      }
-      const vec16 e = exp16(s - top);  // masked lanes: exp(-inf) clamps to ~0, zeroed below
+      for (int i = 0; i < kTokens; ++i) top = std::max(top, s[i]);
+      if (top == -INFINITY) continue;  // nothing of this chunk is visible to this row yet
+      vec16 e = exp16(s - top);
+      if (!whole) e = s == -INFINITY ? vec16{} : e;  // exp16 clamps: -inf gives ~1e-38
       const float correction = std::exp(m[j] - top);
-      float total = 0.f;
-      for (int i = 0; i < kTokens; ++i) {
-        p[j][i] = s[i] == -INFINITY ? 0.f : e[i];
-        total += p[j][i];
-      }
-      l[j] = l[j] * correction + total;
-      if (correction != 1.f)
-        for (int c = 0; c < kChunks; ++c) acc[j][c] *= correction;
+      l[j] = l[j] * correction + sum(e);
       m[j] = top;
-    }
-    for (int i = 0; i < n; ++i) {
-      const uint8_t* vr = row_of(vc, t0 + i);
-      vec16 v[kChunks];
-      for (int c = 0; c < kChunks; ++c) v[c] = widen_e4m3(vr + c * kLanes);
-      for (int j = 0; j < nq; ++j) {
-        const float w = p[j][i];
-        if (w == 0.f) continue;
-        for (int c = 0; c < kChunks; ++c) acc[j][c] += w * v[c];
+      vec16 a[kChunks];
+      for (int c = 0; c < kChunks; ++c) a[c] = acc[j][c] * correction;
+      for (int i = 0; i < n; ++i) {
+        const float w = e[i];
+        for (int c = 0; c < kChunks; ++c) a[c] += w * vw[i][c];
       }
+      for (int c = 0; c < kChunks; ++c) acc[j][c] = a[c];
     }
   }
   for (int j = 0; j < nq; ++j) {

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from bench.weight_bytes import params_bytes, stored_weight_bytes
+from worker.layers.attention import Attention
 from worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from worker.layers.layernorm import RMSNorm
 
@@ -22,6 +23,8 @@ class _Model(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(100, 8)  # float32: 3200 bytes
         self.proj = _Linear(16, 8, torch.bfloat16)  # 256 bytes
         self.norm = RMSNorm(8, 1e-5)  # float32: 32 bytes
+        self.attn = Attention(2, 4, 0.5, 1, None)
+        self.attn.kv_cache = torch.zeros(1000, dtype=torch.bfloat16)  # KV, not a weight
         self.lm_head = ParallelLMHead(100, 8)
         if tied:
             self.lm_head.tie_to(self.embed_tokens)

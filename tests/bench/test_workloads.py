@@ -111,3 +111,19 @@ def test_workloads_share_no_prompt_block():
             for start in range(0, len(ids) - 15, 16):
                 owner = blocks.setdefault(tuple(ids[: start + 16]), name)
                 assert owner == name, f"{name} shares a prompt block with {owner}"
+
+
+def test_capped_keeps_prompts_and_cuts_outputs():
+    from bench.workloads import make_workload
+
+    full = make_workload("chat", 0, 512)
+    cut = full.head(6).capped(16)
+    assert cut.name == "chat[:6,<=16]"
+    assert [r.prompt_token_ids for r in cut.requests] == [
+        r.prompt_token_ids for r in full.requests[:6]
+    ]
+    assert [r.max_tokens for r in cut.requests] == [
+        min(16, r.max_tokens) for r in full.requests[:6]
+    ]
+    assert cut.conversations == full.head(6).conversations
+    assert make_workload("decode", 0, 512).capped(8).name == "decode[<=8]"

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.distributed import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from worker.layers import cpu_packed
+from worker.layers import cpu_half_f32, cpu_packed
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -51,18 +51,24 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits over the full vocabulary."""
 
     packed_weight: torch.Tensor | None = None
+    packed_is_half_f32 = False  # packed_weight is cpu_half_f32's panels, not cpu_packed's
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def process_weights_after_loading(self) -> None:
         # A copy, not a replacement: a tied weight is also the embedding table.
-        if cpu_packed.can_pack(self.weight):
+        # Half panels where lossless on a CPU without fast bf16 (cpu_half_f32.py).
+        self.packed_weight = cpu_half_f32.pack_if_lossless(self.weight.data)
+        self.packed_is_half_f32 = self.packed_weight is not None
+        if self.packed_weight is None and cpu_packed.can_pack(self.weight):
             self.packed_weight = cpu_packed.pack(self.weight.data)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden_size] -> [num_seqs, vocab_size]"""
-        if self.packed_weight is not None:
+        if self.packed_is_half_f32:
+            logits = cpu_half_f32.half_linear(hidden_states, self.packed_weight, None)
+        elif self.packed_weight is not None:
             logits = cpu_packed.packed_linear(hidden_states, self.packed_weight, None)
         else:
             logits = F.linear(hidden_states, self.weight)

@@ -80,7 +80,10 @@ def configure_cpu_threads(config: DeviceConfig) -> int:
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Without it,
-    torch emulates bf16 matmuls at about half the fp32 rate; with it, at 2-3x."""
+    torch emulates bf16 matmuls at about half the fp32 rate; with it, at 2-3x.
+    PAGODA_CPU_ISA=avx2 answers no: the engine chooses as on an AVX2-only CPU."""
+    if env.cpu_isa() == "avx2":
+        return False
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:  # private helpers moved: read the flags ourselves
@@ -95,7 +98,8 @@ def resolve_dtype(config: ModelConfig, spec: ModelSpec, device: torch.device) ->
     """`auto`: a float32 checkpoint runs in float32 on CPU and bfloat16 on GPU. A
     half-precision checkpoint keeps its dtype on GPU; on CPU it runs in bfloat16
     where the CPU has native bf16 arithmetic and in float32 where it does not
-    (there fp32 is the faster arithmetic)."""
+    (there fp32 is the faster arithmetic; its linear weights stay stored in the
+    checkpoint's half dtype and widen in registers, worker/layers/cpu_half_f32.py)."""
     if config.dtype != "auto":
         if device.type == "cpu" and config.dtype != "float32" and not cpu_has_fast_bf16():
             logger.warning(

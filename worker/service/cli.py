@@ -17,6 +17,7 @@ from shared.vllm_flags import add_vllm_habit_flags
 from worker.config import EngineConfig
 from worker.service.config import WorkerServiceConfig
 from worker.service.parent_watch import watch_parent
+from worker.service.primitive_caches import bound_primitive_caches
 
 logger = get_logger(__name__)
 
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if config.parent_pid is not None:
         watch_parent(config.parent_pid)
+    # Before any oneDNN call, and before rank processes start (they inherit it).
+    logger.debug("oneDNN cache capacities: %s", bound_primitive_caches())
     if engine_config.parallel.node_rank > 0:  # a multi-node group's other machines
         from worker.executor.remote_node import run_node
 

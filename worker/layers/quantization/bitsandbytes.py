@@ -43,8 +43,10 @@ class BitsAndBytesConfig(QuantizationConfig):
     def from_config(cls, config):
         if config:
             raise ConfigError(
-                "pre-quantized bitsandbytes checkpoints are not supported; load the dense "
-                "checkpoint with --quantization bitsandbytes (NF4 at load)"
+                "pre-quantized bitsandbytes checkpoints are not supported (load_in_4bit / "
+                "load_in_8bit in config.json); supported: the dense checkpoint with "
+                "--quantization bitsandbytes (NF4 at load), or a GPTQ, AWQ, compressed-tensors "
+                "or fp8 checkpoint"
             )
         _bnb()  # a missing package fails at start, before loading
         return cls([])

@@ -21,6 +21,7 @@ import re
 import torch
 
 from shared.errors import ConfigError
+from shared.logging import get_logger
 from worker.layers.quantization.base import (
     LinearMethodBase,
     QuantizationConfig,
@@ -36,6 +37,8 @@ from worker.layers.quantization.int_weight import apply_int_weight, set_int_weig
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
 FORMATS = ("pack-quantized", "float-quantized")
+
+logger = get_logger(__name__)
 
 
 class WeightScheme:
@@ -104,8 +107,16 @@ class CompressedTensorsConfig(QuantizationConfig):
             inputs = group.get("input_activations")
             if inputs and inputs.get("type", "int") != "float":
                 raise ConfigError(
-                    f"compressed-tensors group {name}: int activation quantization (W8A8 int) is "
-                    "not supported; supported: weight-only, or float8 activations"
+                    f"compressed-tensors group {name}: int8 activation quantization (W8A8 int) "
+                    "is not supported (the kernels are weight-only); supported: weight-only "
+                    "W4A16 / W8A16 (pack-quantized) and FP8 weights (float-quantized, its "
+                    "float8 activations served weight-only)"
+                )
+            if inputs:
+                logger.warning(
+                    "compressed-tensors group %s: float8 activations are not applied; "
+                    "activations stay in the model's dtype (weight-only FP8)",
+                    name,
                 )
             weights = group.get("weights")
             if not weights:

@@ -6,6 +6,11 @@ layer has one per part) or, with `weight_block_size: [bo, bi]`,
 `weight_scale_inv` [ceil(out / bo), ceil(in / bi)]; `activation_scheme:
 static` adds `input_scale` per tensor. `--quantization fp8` on a dense
 checkpoint quantizes each row at load (scale = max|w| / 448).
+
+Weight-only: activations are never quantized to fp8 (a static `input_scale` is
+read and dropped). The CPUs served have no fp8 matmul, so W8A8 would only add
+the activations' rounding error; outputs therefore differ from vLLM's FP8
+W8A8 on a GPU by that rounding (logged at start).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from shared.errors import ConfigError
+from shared.logging import get_logger
 from worker.layers.quantization.base import (
     LinearMethodBase,
     QuantizationConfig,
@@ -29,6 +35,8 @@ from worker.layers.quantization.fp8_weight import (
     set_fp8_weight,
 )
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
+
+logger = get_logger(__name__)
 
 
 class Fp8Config(QuantizationConfig):
@@ -53,6 +61,12 @@ class Fp8Config(QuantizationConfig):
         if scheme not in ("static", "dynamic"):
             raise ConfigError(
                 f"fp8 activation_scheme {scheme!r} is not supported; supported: static, dynamic"
+            )
+        if config:  # a checkpoint: its activation scheme is not applied
+            logger.warning(
+                "fp8 checkpoint (activation_scheme %s): activations are not quantized; they "
+                "stay in the model's dtype and only the weights are fp8 (weight-only)",
+                scheme,
             )
         block = config.get("weight_block_size")
         if block is not None and (len(block) != 2 or min(block) <= 0):

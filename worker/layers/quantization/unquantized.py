@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.layers import cpu_packed
+from worker.layers import cpu_half_f32, cpu_packed
 from worker.layers.quantization.base import LinearMethodBase, make_param
 
 
@@ -19,12 +19,18 @@ class UnquantizedLinearMethod(LinearMethodBase):
         make_param(layer, "weight", weight, input_dim=1, output_dim=0)
 
     def process_weights_after_loading(self, layer):
-        if cpu_packed.can_pack(layer.weight):
+        half = cpu_half_f32.pack_if_lossless(layer.weight.data)
+        if half is not None:  # float32 compute over half storage (CPUs without fast bf16)
+            layer.weight = nn.Parameter(half, requires_grad=False)
+            layer.weight_is_half_f32 = True
+        elif cpu_packed.can_pack(layer.weight):
             # Replaces the weight: a packed copy beside it would double the memory.
             layer.weight = nn.Parameter(cpu_packed.pack(layer.weight.data), requires_grad=False)
             layer.weight_is_packed = True
 
     def apply(self, layer, x, bias):
+        if getattr(layer, "weight_is_half_f32", False):
+            return cpu_half_f32.half_linear(x, layer.weight, bias)
         if getattr(layer, "weight_is_packed", False):
             return cpu_packed.packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)

@@ -1,0 +1,97 @@
+"""Half weight storage on/off (PAGODA_CPU_HALF_WEIGHTS) in one process, whole
+engine, as on a CPU without fast bf16 (float32 compute):
+
+    PAGODA_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        python -m bench.avx2_half_storage_ab /work/models/smollm2-135m-random [--rounds 5]
+
+On an AVX2-only machine drop the three variables. Two engines on the same bf16
+checkpoint, one keeping its linear weights in bf16 (gemm_half_f32.cpp), one
+widening them to float32 at load (oneDNN's float32 linear), run the same three
+workloads in alternating rounds: one stream decoding (concurrency 1), 32
+streams decoding, and a prefill of 4 x 256 tokens. It prints per workload the
+median time of each engine (CPU time of the process with --clock cpu, the
+default: a loaded machine's preemption is not charged; wall on a quiet one),
+and checks both engines gave the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from shared.logging import get_logger
+from worker import LLM, SamplingParams
+
+logger = get_logger(__name__)
+
+
+def engine(path: str, half: bool) -> LLM:
+    from worker.layers import cpu_half_f32
+
+    os.environ["PAGODA_CPU_HALF_WEIGHTS"] = "1" if half else "0"
+    cpu_half_f32._kernels.cache_clear()
+    return LLM(path, dtype="auto", max_model_len=512, num_kv_blocks=2048, block_size=16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    engines = {"half": engine(args.model, True), "float32": engine(args.model, False)}
+    for name, llm in engines.items():
+        runner = llm.engine.core.runner
+        print(f"{name}: weights {runner.weights_bytes / 2**20:.1f} MiB as stored")
+    gen = torch.Generator().manual_seed(0)
+
+    def prompts(n, length):
+        return [torch.randint(100, 40000, (length,), generator=gen).tolist() for _ in range(n)]
+
+    workloads = {  # name: (prompts, sampling, tokens counted)
+        "decode c=1": (
+            prompts(1, 16),
+            SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
+            64,
+        ),
+        "decode c=32": (
+            prompts(32, 16),
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+            512,
+        ),
+        "prefill 4x256": (
+            prompts(4, 256),
+            SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+            1024,
+        ),
+    }
+    print(f"threads {args.threads} clock {args.clock} load {os.getloadavg()}")
+    for wname, (ps, sampling, count) in workloads.items():
+        times: dict[str, list[float]] = {e: [] for e in engines}
+        tokens: dict[str, list] = {}
+        for _ in range(args.rounds):
+            for ename, llm in engines.items():
+                start = clock()
+                out = llm.generate(ps, sampling, detokenize=False)
+                times[ename].append(clock() - start)
+                tokens[ename] = [o.outputs[0].token_ids for o in out]
+        med = {e: statistics.median(t) for e, t in times.items()}
+        same = tokens["half"] == tokens["float32"]
+        print(
+            f"{wname:14s} half {med['half'] * 1e3:8.1f} ms  float32 {med['float32'] * 1e3:8.1f} ms"
+            f"  half/float32 {med['half'] / med['float32']:.2f}"
+            f"  ({count / med['half']:.1f} vs {count / med['float32']:.1f} tok/s)"
+            f"  same tokens: {same}"
+        )
+    print(f"load {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Half-storage float32 linears (gemm_half_f32.cpp) against their twin
+F.linear(x, weight.float(), bias), in this CPU's native build and in the AVX2
+build (PAGODA_CPU_ISA=avx2's x86-64-v3 flags)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu import cpu_runs, load_half_f32_kernels
+
+
+def _kernels(isa: str):
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build (it lacks AVX2, FMA or F16C)")
+    kernels = load_half_f32_kernels(isa)
+    if kernels is None:
+        pytest.skip("no C++ toolchain to build the CPU kernels")
+    if not kernels.half_f32_supported():
+        pytest.skip(f"the {isa} build has no AVX2+FMA+F16C (not an x86-64-v3 CPU)")
+    return kernels
+
+
+@pytest.fixture(params=["avx2", "native"])
+def kernels(request):
+    return _kernels(request.param)
+
+
+HALF = [torch.bfloat16, torch.float16]
+# Every code path: 1-3 rows (two chains), 4-6, 7-11 (several blocks, still
+# widened in registers), 12 up (panel widened once, rows packed, padded tail).
+ROWS = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 33]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", ROWS)
+def test_integer_values_equal_the_twin_bit_for_bit(kernels, dtype, rows):
+    # Small integers: every partial sum is exact in float32, so any summation
+    # order gives the twin's result exactly.
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randint(-8, 9, (48, 77), generator=gen).to(dtype)
+    x = torch.randint(-8, 9, (rows, 77), generator=gen).float()
+    bias = torch.randint(-100, 100, (48,), generator=gen).float()
+    packed = kernels.pack_half_panels(weight)
+    assert packed.dtype == dtype and packed.shape == (3, 77, 16)
+    expected = F.linear(x, weight.float(), bias)
+    assert torch.equal(kernels.half_panel_linear(x, packed, bias), expected)
+    assert torch.equal(kernels.half_panel_linear(x, packed), F.linear(x, weight.float()))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 3, 8, 12, 40])
+def test_random_values_match_the_twin_to_float32_rounding(kernels, dtype, rows):
+    gen = torch.Generator().manual_seed(100 + rows)
+    weight = (torch.randn(96, 576, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(rows, 576, generator=gen)
+    out = kernels.half_panel_linear(x, kernels.pack_half_panels(weight))
+    # Only the summation order differs: |error| <= K * eps * sum|x w| bounds it;
+    # 1e-5 relative to the row's largest output is far inside that and far below
+    # what one wrong weight (or a missed k step) would change.
+    expected = F.linear(x, weight.float())
+    scale = expected.abs().amax(dim=1, keepdim=True)
+    assert ((out - expected).abs() / scale).max().item() < 1e-5
+
+
+def test_rejects_bad_shapes_and_dtypes(kernels):
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.pack_half_panels(torch.zeros(40, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bf16 or fp16"):
+        kernels.pack_half_panels(torch.zeros(32, 8))
+    packed = kernels.pack_half_panels(torch.zeros(32, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.half_panel_linear(torch.zeros(2, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(RuntimeError, match="K = x's"):
+        kernels.half_panel_linear(torch.zeros(2, 9), packed)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.half_panel_linear(torch.zeros(2, 8), packed, torch.zeros(31))
+
+
+def test_no_rows_gives_an_empty_output(kernels):
+    packed = kernels.pack_half_panels(torch.ones(32, 8, dtype=torch.float16))
+    assert kernels.half_panel_linear(torch.zeros(0, 8), packed).shape == (0, 32)

@@ -1,0 +1,62 @@
+"""A bf16 checkpoint on a CPU without fast bf16: the engine computes in float32
+with the linear weights kept in bf16 (worker/layers/cpu_half_f32.py, the AVX2
+build of gemm_half_f32.cpp), and greedy output still equals `transformers` in
+float32; a float32 checkpoint keeps float32 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import cpu_runs, load_half_f32_kernels
+from tests.conftest import random_prompts
+from worker import LLM, SamplingParams
+from worker.layers import cpu_half_f32
+from worker.layers.linear import LinearBase
+
+MAX_TOKENS = 12
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+ENGINE = dict(block_size=4, max_model_len=96, num_kv_blocks=200)
+
+
+@pytest.fixture
+def avx2_cpu(monkeypatch):
+    """The engine as on an AVX2-only CPU: no fast bf16, the AVX2 half kernels."""
+    if not cpu_runs("avx2"):
+        pytest.skip("this CPU cannot run the AVX2 build (it lacks AVX2, FMA or F16C)")
+    kernels = load_half_f32_kernels("avx2")
+    if kernels is None:
+        pytest.skip("no C++ toolchain to build the CPU kernels")
+    monkeypatch.setattr("worker.runner.platform.cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(cpu_half_f32, "_kernels", lambda: kernels)
+
+
+def _linear_weights(llm: LLM) -> list[torch.Tensor]:
+    model = llm.engine.core.runner.model
+    return [m.weight for m in model.modules() if isinstance(m, LinearBase)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biased qkv
+def test_bf16_checkpoint_runs_float32_over_bf16_weights(avx2_cpu, make_checkpoint, hf_greedy, arch):
+    path = make_checkpoint(arch, dtype=torch.bfloat16)
+    prompts = random_prompts([1, 5, 13, 30], seed=4)
+    llm = LLM(str(path), **ENGINE)
+    weights = _linear_weights(llm)
+    assert weights and all(w.dtype == torch.bfloat16 and w.dim() == 3 for w in weights)
+    head = llm.engine.core.runner.model.lm_head
+    assert head.packed_is_half_f32 and head.packed_weight.dtype == torch.bfloat16
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+def test_float32_checkpoint_keeps_float32_weights(avx2_cpu, make_checkpoint):
+    llm = LLM(str(make_checkpoint("llama")), **ENGINE)
+    assert all(w.dtype == torch.float32 for w in _linear_weights(llm))
+
+
+def test_exact_half_dtype():
+    w = torch.randn(32, 8)
+    assert cpu_half_f32.exact_half_dtype(w) is None
+    assert cpu_half_f32.exact_half_dtype(w.bfloat16().float()) is torch.bfloat16
+    halves = torch.tensor([1.0 + 2**-10, 3.0])  # fp16 holds 10 mantissa bits, bf16 7
+    assert cpu_half_f32.exact_half_dtype(halves) is torch.float16

@@ -1,0 +1,79 @@
+"""Float32 linears with half-precision weight storage, on CPUs without fast bf16.
+
+Where the CPU has no native bf16 arithmetic (AVX2-only x86: EPYC Rome/Milan,
+older Xeons) the engine computes in float32 (worker/runner/platform.py). A bf16
+or fp16 checkpoint's weights are then widened to float32 at load, which doubles
+the bytes every decode step streams from memory. Instead, a float32 weight
+whose every value is exactly a bf16 (or an fp16) value is stored back in that
+half dtype, packed into gemm_half_f32.cpp's [N / 16, K, 16] panels, and widened
+to float32 in registers inside the multiply: the same products and sums in
+float32, so greedy output does not change, with half the weight bytes. A float32
+checkpoint's weights are not exact halves and stay in float32 (oneDNN's path,
+worker/layers/cpu_packed.py).
+
+Measured (AVX2 build on a Zen 4, one thread, CPU time; bench/avx2_half_linear.py):
+against oneDNN's prepacked float32 linear, 0.3-0.8x the time at 1-8 rows
+(decode at low concurrency: the weight stream halves) and 0.95-1.0x from 16 to
+1024 rows on SmolLM2's qkv/gate_up/o, 1.13x on down_proj at 1024 rows. The
+kernel serves every row count: keeping a float32 copy for prefill would undo
+the memory saving. The plain twin is F.linear(x, weight.float(), bias).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.cpu import load_half_f32_kernels
+from shared import env
+
+_PANEL = 16
+
+
+@functools.cache
+def _kernels():
+    """The kernels where this CPU lacks fast bf16 and the build has AVX2+FMA+F16C."""
+    from worker.runner.platform import cpu_has_fast_bf16
+
+    if not env.cpu_half_weights() or cpu_has_fast_bf16():
+        return None
+    kernels = load_half_f32_kernels()
+    return kernels if kernels is not None and kernels.half_f32_supported() else None
+
+
+def exact_half_dtype(weight: torch.Tensor) -> torch.dtype | None:
+    """bf16 or fp16 when every value of float32 `weight` is exactly one of that
+    dtype (a half checkpoint loaded into float32), else None."""
+    for dtype in (torch.bfloat16, torch.float16):
+        if torch.equal(weight.to(dtype).float(), weight):
+            return dtype
+    return None
+
+
+def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
+    """The half panels of a float32 CPU weight [N, K] that loses nothing in half
+    precision, where the kernels apply here; else None (keep the weight as it is)."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or weight.dim() != 2
+        or weight.shape[0] % _PANEL
+    ):
+        return None
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    dtype = exact_half_dtype(weight)
+    if dtype is None:
+        return None
+    return kernels.pack_half_panels(weight.to(dtype))
+
+
+def half_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels."""
+    kernel = load_half_f32_kernels().half_panel_linear
+    if x.dim() == 2 and x.is_contiguous():
+        return kernel(x, packed, bias)
+    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
