@@ -52,7 +52,8 @@ files=("${files[@]/%/.json}")
 for c in "${CONCURRENCY[@]}"; do
   "${PAGODA[@]}" bench workload mixed --seed "$c" "${CUT[@]}" --out "$OUT/workloads/serve-mixed-c$c.json"
 done
-"${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --out "$OUT/workloads/serve-warmup.json"
+"${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --max-tokens 8 \
+  --out "$OUT/workloads/serve-warmup.json"
 
 roofline() {  # the machine's peaks, each workload's bound; rates offline lines when given
   "${PAGODA[@]}" bench roofline --model "$MODEL" --workload "${files[@]}" "$@" \
