@@ -46,7 +46,7 @@ def test_linear_matches_a_float64_product(rows, bias, k):
 
 @pytest.mark.parametrize("silu", [False, True])
 def test_many_rows_in_chunks_equal_the_rows_in_slices_bit_for_bit(silu):
-    """Past 512 KB of x (here 1500 rows of 584) rows go out in L2-sized chunks,
+    """Past 1 MB of x (here 1500 rows of 584) rows go out in L2-sized chunks,
     each against every panel; slices of 300 rows take the panel-major order. Each
     output is the same k-ordered sum either way."""
     gen = torch.Generator().manual_seed(7)
