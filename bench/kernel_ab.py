@@ -1,7 +1,8 @@
 """A/B two versions of the CPU kernels in one process, calls interleaved.
 
-    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,decode,decode-cold,prefill,cascade} [--reps N]
+    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,linear-prefill,decode,decode-cold,prefill,cascade} [--reps N]
 
+`linear-prefill` is one layer's four linears at 4096 rows (a prefill step's).
 OLD_DIR and NEW_DIR each hold a copy of kernels/cpu (e.g. `git show HEAD:...` into
 one, the working tree's files into the other). Both are built as separately named
 extensions and called alternately on the same inputs, so a host whose speed drifts
@@ -50,6 +51,8 @@ def case(kind: str):
     gen = torch.Generator().manual_seed(0)
     bf16 = torch.bfloat16
     heads, kv_heads, dim, block = 9, 3, 64, 8
+    if kind == "linear-prefill":  # one layer's four linears at 4096 rows
+        return linear_prefill(gen)
     if kind == "linear":  # gate/up + SiLU, then down, at 32 rows
         x = torch.randn(32, 576, generator=gen).to(bf16)
         gate_up = torch.randn(3072, 576, generator=gen).to(bf16)
@@ -97,6 +100,34 @@ def case(kind: str):
     )[1]
 
 
+def linear_prefill(gen: torch.Generator, rows: int = 4096):
+    """qkv, o, gate/up + SiLU and down of one SmolLM2 layer at a prefill step's rows."""
+    bf16 = torch.bfloat16
+    weights = {  # [out, in]
+        "qkv": torch.randn(960, 576, generator=gen).to(bf16),
+        "o": torch.randn(576, 576, generator=gen).to(bf16),
+        "gate_up": torch.randn(3072, 576, generator=gen).to(bf16),
+        "down": torch.randn(576, 1536, generator=gen).to(bf16),
+    }
+    x = torch.randn(rows, 576, generator=gen).to(bf16)
+    h = torch.randn(rows, 1536, generator=gen).to(bf16)
+    packed: dict[int, dict] = {}
+
+    def layer(k):
+        if id(k) not in packed:
+            packed[id(k)] = {n: k.pack_bf16_panels(w) for n, w in weights.items()}
+        p = packed[id(k)]
+        outs = [
+            k.bf16_panel_linear(x, p["qkv"], None),
+            k.bf16_panel_linear(x, p["o"], None),
+            k.bf16_panel_linear_silu(x, p["gate_up"], None),
+            k.bf16_panel_linear(h, p["down"], None),
+        ]
+        return torch.cat([o.flatten() for o in outs])
+
+    return layer
+
+
 def decode_cold(gen: torch.Generator, layers: int = 30, seqs: int = 32):
     """Decode attention of one step through every layer, KV read from DRAM."""
     from worker.huge_pages import huge_page_mapping
@@ -131,7 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
-    parser.add_argument("kind", choices=["linear", "decode", "decode-cold", "prefill", "cascade"])
+    parser.add_argument(
+        "kind", choices=["linear", "linear-prefill", "decode", "decode-cold", "prefill", "cascade"]
+    )
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     old, new = build(args.old, "pagoda_ab_old"), build(args.new, "pagoda_ab_new")

@@ -44,6 +44,22 @@ def test_linear_matches_a_float64_product(rows, bias, k):
     assert bool(((out.double() - expected).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("silu", [False, True])
+def test_many_rows_in_chunks_equal_the_rows_in_slices_bit_for_bit(silu):
+    """Past 1 MB of x (here 1500 rows of 584) rows go out in L2-sized chunks,
+    each against every panel; slices of 300 rows take the panel-major order. Each
+    output is the same k-ordered sum either way."""
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(128, 584, generator=gen).to(torch.bfloat16)
+    x = torch.randn(1500, 584, generator=gen).to(torch.bfloat16)
+    packed = kernels.pack_bf16_panels(weight)
+    linear = kernels.bf16_panel_linear_silu if silu else kernels.bf16_panel_linear
+    sliced = torch.cat(
+        [linear(x[i : i + 300].contiguous(), packed, None) for i in range(0, 1500, 300)]
+    )
+    assert torch.equal(linear(x, packed, None), sliced)
+
+
 def test_shapes_it_cannot_take_are_refused():
     with pytest.raises(RuntimeError, match="N % 32 == 0"):
         kernels.pack_bf16_panels(torch.zeros(48, 8, dtype=torch.bfloat16))
@@ -53,7 +69,7 @@ def test_shapes_it_cannot_take_are_refused():
 
 
 @pytest.mark.parametrize("k", [576, 584])
-@pytest.mark.parametrize("rows", [1, 12, 17, 33, 150])
+@pytest.mark.parametrize("rows", [1, 12, 17, 33, 150, 1000])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_silu_is_the_linear_then_silu_and_mul_bit_for_bit(rows, bias, k):
     gen = torch.Generator().manual_seed(100 + rows)
