@@ -318,6 +318,7 @@ def main() -> None:
                 diff.max().item(),
             )
             row["greedy_agreement"] = _agreement(row["tokens"], base["tokens"])
+    for row in rows.values():
         del row["logits"]
     report = {
         "machine": describe_machine(),
