@@ -195,6 +195,9 @@ def measure(path: Path, name: str, args, vocab: int) -> dict:
     ]
     prefixes = [p[:n] for p in quality for n in (4, 8, 12, 16)]
     row["logits"] = _last_logits(llm, prefixes)
+    if args.quality_only:
+        llm.shutdown()
+        return row
     for batch in (1, 32):
         work = _prompts(batch, vocab, seed=batch)
         times = []
@@ -273,6 +276,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--mixed-requests", type=int, default=8)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--quality-only", action="store_true", help="Bytes and logits, no timing.")
     parser.add_argument(
         "--layers",
         type=int,
@@ -318,6 +322,7 @@ def main() -> None:
                 diff.max().item(),
             )
             row["greedy_agreement"] = _agreement(row["tokens"], base["tokens"])
+    for row in rows.values():
         del row["logits"]
     report = {
         "machine": describe_machine(),
@@ -349,7 +354,8 @@ def main() -> None:
             f"{row.get('greedy_agreement', 1):.2f}",
         ]
         for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
-            cells += [f"{row[key]:.2f}", f"{row[key] / ref[key]:.2f}"]
+            if key in row:
+                cells += [f"{row[key]:.2f}", f"{row[key] / ref[key]:.2f}"]
         if "full_weights_bytes" in row:
             cells.append(f"28 layers: {row['full_weights_bytes'] / 2**20:.0f} MiB")
             for key in ("decode_b1_tok_s", "decode_b32_tok_s", "mixed_total_tok_s"):
