@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
+    parser.add_argument("--workloads", default="decode c=1,decode c=32,prefill 4x256")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -73,7 +74,8 @@ def main() -> None:
         ),
     }
     print(f"threads {args.threads} clock {args.clock} load {os.getloadavg()}")
-    for wname, (ps, sampling, count) in workloads.items():
+    for wname in args.workloads.split(","):
+        ps, sampling, count = workloads[wname]
         times: dict[str, list[float]] = {e: [] for e in engines}
         tokens: dict[str, list] = {}
         for _ in range(args.rounds):
