@@ -11,7 +11,7 @@ float32, so greedy output does not change, with half the weight bytes. A float32
 checkpoint's weights are not exact halves and stay in float32 (oneDNN's path,
 worker/layers/cpu_packed.py).
 
-Measured (AVX2 build on a Zen 4, one thread, CPU time; bench/avx2_half_linear.py):
+Measured (AVX2 build on a Zen 5, one thread, CPU time; bench/avx2_half_linear.py):
 against oneDNN's prepacked float32 linear, 0.3-0.8x the time at 1-8 rows
 (decode at low concurrency: the weight stream halves) and 0.95-1.0x from 16 to
 1024 rows on SmolLM2's qkv/gate_up/o, 1.13x on down_proj at 1024 rows. The
