@@ -1,5 +1,5 @@
 // FP8 e4m3 (float8_e4m3fn: bias 7, no infinities, 0x7f/0xff NaN, largest 448)
-// to and from float32, 16 lanes at a time in integer arithmetic: Zen 4 and
+// to and from float32, 16 lanes at a time in integer arithmetic: Zen 4/5 and
 // AVX2 have no fp8 conversion instructions.
 //
 // Narrowing rounds to nearest, ties to even, as torch's float -> float8_e4m3fn

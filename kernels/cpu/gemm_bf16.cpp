@@ -75,9 +75,9 @@ inline void panel_block(const uint16_t* x, int64_t k, const uint16_t* panel, con
 }
 
 constexpr int kMaxRows = 12;  // 24 accumulators + 2 panel registers of 32
-// The many-row path: x past 1 MB (this Zen 4's L2; up to there panel-major
+// The many-row path: x past 1 MB (this Zen 5's L2; up to there panel-major
 // reads x from L2 and keeps the next-panel prefetch) goes out in row chunks of
-// about 128 KB. One layer's linears on one Zen 4 core (thread CPU time, medians
+// about 128 KB. One layer's linears on one Zen 5 core (thread CPU time, medians
 // of 5 alternating rounds) at 4096 rows, GFLOP/s before -> 128 KB chunks
 // (256 KB chunks): qkv 404 -> 492 (494), o 411 -> 478 (473), gate_up+silu
 // 352 -> 436 (398), down 335 -> 494 (462); at 2048 rows 1.0-1.1x.
