@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.machine import describe_machine
+from bench.quant_report import agreement
 from bench.workloads import TokenDraw, mixed
 
 QWEN25_15B_SHAPE = dict(
@@ -125,16 +126,6 @@ def build_streamed_checkpoint(path: Path, seed: int = 0, std: float = 0.02) -> P
 def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (PROMPT_LEN,), generator=gen).tolist() for _ in range(n)]
-
-
-def _agreement(got, ref) -> float:
-    same = 0
-    for a, b in zip(got, ref, strict=True):
-        for x, y in zip(a, b, strict=True):
-            if x != y:
-                break
-            same += 1
-    return same / sum(len(r) for r in ref)
 
 
 def _last_logits(llm, prompts) -> torch.Tensor:
@@ -321,7 +312,7 @@ def main() -> None:
                 diff.mean().item(),
                 diff.max().item(),
             )
-            row["greedy_agreement"] = _agreement(row["tokens"], base["tokens"])
+            row["greedy_agreement"] = agreement(row["tokens"], base["tokens"])
     for row in rows.values():
         del row["logits"]
     report = {
