@@ -153,7 +153,8 @@ _GEMV_MAX_ROWS = 4
 
 @functools.cache
 def _gemv_kernels():
-    kernels = load_gemv_kernels() if env.cpu_bf16_gemm() else None
+    # Panels exist only where PAGODA_CPU_BF16_GEMM allowed them at load.
+    kernels = load_gemv_kernels()
     return kernels if kernels is not None and kernels.gemv_bf16_supported() else None
 
 
