@@ -107,6 +107,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     (same bytes count either way)."""
     kernels = _panel_kernels(weight)
     if kernels is not None:
+        _gemv_kernels()  # built now, at load, not at the first decode step
         return _arena.place(kernels.pack_bf16_panels(weight))
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS_HINT)
 
