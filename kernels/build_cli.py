@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         cpu.load_weight_only_kernels,
         cpu.load_fp8_kv_kernels,
         cpu.load_half_f32_kernels,
+        cpu.load_gemv_kernels,
     )
     missing = []
     for load in loaders:

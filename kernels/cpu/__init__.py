@@ -230,3 +230,16 @@ def _fused_dtypes() -> tuple:
     import torch  # lazily, as everywhere in this module
 
     return (torch.bfloat16, torch.float32)
+
+
+# The small-batch bf16 GEMV (gemv_bf16.cpp): its own module, so a change to it
+# does not rebuild the attention kernels (and the reverse).
+_GEMV_SOURCES = [Path(__file__).with_name("gemv_bf16.cpp")]
+
+
+@cache
+def load_gemv_kernels(isa: str | None = None) -> ModuleType | None:
+    """The 1-4 row bf16 linears over packed panels, or None as load_cpu_kernels."""
+    return _load(
+        "pagoda_gemv", _GEMV_SOURCES, [Path(__file__).with_name("vec16.h")], isa or env.cpu_isa()
+    )

@@ -22,7 +22,7 @@ import mmap
 
 import torch
 
-from kernels.cpu import load_cpu_kernels
+from kernels.cpu import load_cpu_kernels, load_gemv_kernels
 from shared import env
 from worker.huge_pages import huge_page_mapping
 
@@ -107,6 +107,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     (same bytes count either way)."""
     kernels = _panel_kernels(weight)
     if kernels is not None:
+        _gemv_kernels()  # built now, at load, not at the first decode step
         return _arena.place(kernels.pack_bf16_panels(weight))
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS_HINT)
 
@@ -115,6 +116,9 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """x: [..., in] -> [..., out], as F.linear(x, weight, bias). A 3-D `packed`
     is the panel layout (pack() made it so), a 2-D one oneDNN's."""
     if packed.dim() == 3:
+        gemv = _gemv_for(x)
+        if gemv is not None:
+            return _over_rows(gemv.gemv_bf16_linear, x, packed, bias)
         return _over_rows(load_cpu_kernels().bf16_panel_linear, x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
@@ -128,7 +132,32 @@ def packed_linear_silu(
     None for oneDNN's layout, or where gate and up do not split at a panel."""
     if packed.dim() != 3 or packed.shape[0] % 2:
         return None
+    gemv = _gemv_for(x)
+    if gemv is not None:
+        return _over_rows(gemv.gemv_bf16_linear_silu, x, packed, bias)
     return _over_rows(load_cpu_kernels().bf16_panel_linear_silu, x, packed, bias)
+
+
+def _gemv_for(x: torch.Tensor):
+    """The GEMV kernels (kernels/cpu/gemv_bf16.cpp) for x of 1-4 rows, else None.
+    It reads the same panels as the panel kernel, with the same sums (bit for
+    bit), faster with the weights streaming from DRAM (SmolLM2's on a Zen 5,
+    bench/gemv_ab.py: 2 threads, 48-53 -> 52-68 GB/s per linear at one row; one
+    thread, a step's linears 0.80-0.90x the time at 1-4 rows)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 1 <= rows <= _GEMV_MAX_ROWS:
+        return None
+    return _gemv_kernels()
+
+
+_GEMV_MAX_ROWS = 4
+
+
+@functools.cache
+def _gemv_kernels():
+    # Panels exist only where PAGODA_CPU_BF16_GEMM allowed them at load.
+    kernels = load_gemv_kernels()
+    return kernels if kernels is not None and kernels.gemv_bf16_supported() else None
 
 
 def _over_rows(kernel, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
