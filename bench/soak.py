@@ -7,7 +7,8 @@ whole, and streamed but cancelled after its first chunks. Every `--sample-every`
 seconds the router's and each worker's RSS and every worker's KV blocks are read;
 at the end the traffic stops and the KV pools must be back where they started.
 What must hold: no failure, RSS flat (start / middle / end reported; "flat": each
-process grew less than 5% from the middle sample to the last), KV pools back to
+process grew less than 5% from the middle sample to the last; the growth is also
+given in bytes per request completed meanwhile), KV pools back to
 their start, p99 latency of the last window within 20% of the first window's (a
 window is `--window` seconds, default 5 minutes or a sixth of shorter runs). Every
 window's p99 and the load average at each sample are reported beside the rule:
@@ -89,6 +90,20 @@ class SoakResult:
         for i, (a, b) in enumerate(zip(middle.worker_rss_mb, last.worker_rss_mb)):
             growth[f"worker {i}"] = b / a - 1
         return {k: round(v, 4) for k, v in growth.items()}
+
+    def rss_bytes_per_request(self) -> dict[str, float]:
+        """Per process, its RSS growth from the middle sample to the last, in bytes per
+        request completed between them (a leak's size; the middle skips the warm-up)."""
+        if len(self.samples) < 3:
+            return {}
+        middle, last = self.samples[len(self.samples) // 2], self.samples[-1]
+        num_requests = last.requests_done - middle.requests_done
+        if num_requests <= 0:
+            return {}
+        pairs = {"router": (middle.router_rss_mb, last.router_rss_mb)}
+        for i, pair in enumerate(zip(middle.worker_rss_mb, last.worker_rss_mb)):
+            pairs[f"worker {i}"] = pair
+        return {k: round((b - a) * 2**20 / num_requests, 1) for k, (a, b) in pairs.items()}
 
     def verdict(self) -> list[str]:
         """What did not hold (empty: the soak passed)."""
@@ -290,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = asdict(result)
     summary["verdict"] = result.verdict() or "ok"
     summary["rss_growth_middle_to_end"] = result.rss_growth()
+    summary["rss_bytes_per_request_middle_to_end"] = result.rss_bytes_per_request()
     first, last = result.p99_first_s, result.p99_last_s
     summary["p99_rule"] = {
         "first_s": first, "last_s": last, "ratio": round(last / first, 3) if first else None,

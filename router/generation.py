@@ -19,31 +19,32 @@ the ChoiceText, not on a worker). A stream that does end early ends each
 unfinished choice with finish_reason "abort", then the error.
 
 ```
-_Part = one worker stream + the choices its samples are (by sample index)
+Part = one worker stream + the choices its samples are (by sample index)
 deltas(): one part -> its deltas; several (prompts, or a split resume) -> merged
-worker fails -> _resume(part): a part per open choice, on other workers
+worker fails -> Failover.resume(part): a part per open choice, on other workers
 ```
+
+The failover state (each choice's tokens so far, the count of moves) and the
+moves themselves are router/failover.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from router.failover import Failover, Part
 from router.metrics import RouterMetrics
 from router.model import ModelContext
 from router.routing.dispatcher import Dispatcher, WorkerJob
 from router.routing.worker_stream import WorkerFailedError, WorkerStream
 from router.text.choice_text import ChoiceText, TextDelta, TextOptions
 from shared.errors import PagodaError
-from shared.logging import get_logger
 from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 
-logger = get_logger(__name__)
 _DONE = object()
 
 
@@ -93,7 +94,6 @@ class Generation:
         self._jobs: list[WorkerJob] = []
         self._interrupted: PagodaError | None = None
         self._start_tasks: list[asyncio.Future] = []
-        self.num_migrations = 0
         # Workers of earlier attempts at a whole answer that was retried from scratch.
         self.earlier_worker_ids: list[str] = []
         # Per prompt: logprobs of positions 1.. when prompt_logprobs was asked for.
@@ -104,9 +104,8 @@ class Generation:
             [ChoiceText(p * self.n + i, model.tokenizer, prompt, text) for i in range(self.n)]
             for p, prompt in enumerate(prompts)
         ]
-        # Per choice, every token its workers generated: what a resume continues after.
-        self._generated: list[list[int]] = [[] for _ in range(len(prompts) * self.n)]
-        self._spawn: Callable[[_Part], None] | None = None  # runs another part's deltas
+        self._failover = Failover(dispatcher, metrics, request_id, len(prompts) * self.n)
+        self._spawn: Callable[[Part], None] | None = None  # runs another part's deltas
 
     @property
     def worker_ids(self) -> list[str]:
@@ -165,7 +164,7 @@ class Generation:
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Every choice's deltas until all have finished (one choice's in order)."""
         parts = [
-            _Part(job, stream, self._choices[p], p) for p, (job, stream) in
+            Part(job, stream, self._choices[p], p) for p, (job, stream) in
             enumerate(zip(self._jobs, self.streams))
         ]  # fmt: skip
         if len(parts) == 1 and self.n == 1:  # one choice: no resume ever splits it
@@ -181,7 +180,7 @@ class Generation:
         queue: asyncio.Queue = asyncio.Queue()
         tasks: list[asyncio.Task] = []
 
-        async def pump(part: _Part) -> None:
+        async def pump(part: Part) -> None:
             try:
                 async for delta in self._part_deltas(part):
                     queue.put_nowait(delta)
@@ -190,7 +189,7 @@ class Generation:
             finally:
                 queue.put_nowait(_DONE)
 
-        def spawn(part: _Part) -> None:
+        def spawn(part: Part) -> None:
             tasks.append(asyncio.create_task(pump(part)))
 
         self._spawn = spawn
@@ -225,7 +224,7 @@ class Generation:
                 deltas.append(delta)
         return deltas
 
-    async def _part_deltas(self, part: _Part) -> AsyncIterator[TextDelta]:
+    async def _part_deltas(self, part: Part) -> AsyncIterator[TextDelta]:
         """One worker stream's deltas; when its worker fails, its open choices go on
         from other workers (the first here, the others in parts of their own)."""
         while True:
@@ -237,7 +236,7 @@ class Generation:
                             choice = part.choices[output.index]
                             num_tokens = choice.num_tokens
                             delta = choice.push(output)
-                            self._generated[choice.index].extend(output.token_ids)
+                            self._failover.generated[choice.index].extend(output.token_ids)
                             self._count(choice.num_tokens - num_tokens)
                             if delta is not None:
                                 yield delta
@@ -245,15 +244,15 @@ class Generation:
                             break
                 return
             except WorkerFailedError as exc:
-                if not self._may_resume():
+                if self._interrupted is not None or not self._failover.may_resume():
                     raise
-                resumed = await self._resume(part, exc)
-                if not resumed:
-                    for delta in self._finished_by_length(part):
-                        yield delta
-                    return
-                for delta in self._finished_by_length(part):
+                resumed = await self._failover.resume(part, exc)
+                for new_part in resumed:
+                    self._adopt(new_part)
+                for delta in self._failover.finished_by_length(part):
                     yield delta
+                if not resumed:
+                    return
                 part = resumed[0]
                 for other in resumed[1:]:
                     assert self._spawn is not None, "n > 1 runs in the merging path"
@@ -264,86 +263,16 @@ class Generation:
             self.usage.completion_tokens += num_tokens
             self._metrics.generation_tokens.inc(num_tokens)
 
-    def _finished_by_length(self, part: _Part) -> list[TextDelta]:
-        """Choices whose every token was sent: only the finish was lost with the worker."""
-        deltas = []
-        for choice in part.choices:
-            if not choice.is_finished and self._is_complete(part, choice):
-                delta = choice.push(wpb.SampleOutput(finish_reason=wpb.FINISH_REASON_LENGTH))
-                if delta is not None:
-                    deltas.append(delta)
-        return deltas
-
-    def _is_complete(self, part: _Part, choice: ChoiceText) -> bool:
-        return len(self._generated[choice.index]) >= part.job.params.max_tokens
-
-    def _may_resume(self) -> bool:
-        return self._interrupted is None and self.num_migrations < self._dispatcher.migration_limit
-
-    async def _resume(self, part: _Part, error: WorkerFailedError) -> list[_Part]:
-        """Each open choice of a failed part again, on another worker, continuing after
-        its own tokens (sample i of a seeded request of n keeps its seed + i)."""
-        pending = [
-            (i, c) for i, c in enumerate(part.choices)
-            if not c.is_finished and not self._is_complete(part, c)
-        ]  # fmt: skip
-        if not pending:
-            return []
-        self.num_migrations += 1
-        self._metrics.migrations.inc()
-        self._metrics.failovers.labels(error.reason).inc()
-        logger.warning(
-            "request %s: %s; resuming %d choice(s) elsewhere after %s tokens",
-            self.request_id, error, len(pending),
-            "/".join(str(len(self._generated[c.index])) for _, c in pending),
-        )  # fmt: skip
-        failed = part.stream.handle.address
-        opened = [
-            self._dispatcher.resume(part.one_sample(i), self._generated[c.index], failed)
-            for i, c in pending
-        ]
-        results = await asyncio.gather(*opened, return_exceptions=True)
-        streams = [r for r in results if isinstance(r, tuple)]
-        error_ = next((r for r in results if isinstance(r, BaseException)), None)
-        if error_ is not None:  # one could not move: none goes on
-            for _, stream in streams:
-                stream.close()
-            raise error_
-        parts = []
-        for (_, choice), (job, stream) in zip(pending, streams):
-            self.streams.append(stream)
-            self.usage.resumed_prefill_tokens += len(job.prompt_token_ids) + len(
-                job.output_token_ids
-            )
-            self.usage.resumed_cached_tokens += stream.num_cached_tokens
-            self._metrics.cached_tokens.inc(stream.num_cached_tokens)
-            if self._interrupted is not None:  # shut down while this one was opening
-                stream.interrupt(self._interrupted)
-            parts.append(_Part(job, stream, [choice], part.prompt_index))
-        return parts
-
-
-@dataclass
-class _Part:
-    """One worker stream of a prompt, and the choice each of its samples is."""
-
-    job: WorkerJob
-    stream: WorkerStream
-    choices: list[ChoiceText]  # by the stream's sample index
-    prompt_index: int
-
-    def one_sample(self, index: int) -> WorkerJob:
-        """This part's job for its sample `index` alone (n = 1, its own seed)."""
-        params = type(self.job.params)()
-        params.CopyFrom(self.job.params)
-        if len(self.choices) == 1:
-            return dataclasses.replace(self.job, params=params)
-        params.n = 1
-        if params.HasField("seed"):
-            params.seed += index  # the worker's rule: sample i of n uses seed + i
-        return dataclasses.replace(
-            self.job, request_id=f"{self.job.request_id}#{index}", params=params
+    def _adopt(self, part: Part) -> None:
+        """A part resumed on another worker joins the request's streams and usage."""
+        stream = part.stream
+        self.streams.append(stream)
+        self.usage.resumed_prefill_tokens += len(part.job.prompt_token_ids) + len(
+            part.job.output_token_ids
         )
+        self.usage.resumed_cached_tokens += stream.num_cached_tokens
+        if self._interrupted is not None:  # shut down while this one was opening
+            stream.interrupt(self._interrupted)
 
 
 async def _cancel(tasks: list[asyncio.Task]) -> None:

@@ -11,6 +11,7 @@ from shared.sampling_params import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.outputs import CompletionOutput, RequestDelta, RequestOutput
+from worker.service.primitive_caches import bound_primitive_caches
 from worker.stats import SchedulerStats
 
 PromptInput = str | Sequence[int]
@@ -30,6 +31,10 @@ class LLM:
             if model is None:
                 raise TypeError("LLM() needs a model (or a ready EngineConfig as config=)")
             config = EngineConfig.from_kwargs(model=model, **engine_options)
+        # Before the engine's first linear: oneDNN reads the caps at its first call
+        # (worker/service/primitive_caches.py); a long offline run meets as many
+        # token counts as a serving worker does.
+        bound_primitive_caches()
         self.engine = LLMEngine(config, offline=True)
         self._tokenizer = None
         self._ids = itertools.count()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.soak import SoakResult, main, p99
+from bench.soak import Sample, SoakResult, main, p99
 
 
 def test_p99_and_the_verdict_name_what_did_not_hold():
@@ -28,3 +28,14 @@ def test_a_short_soak_holds(tmp_path):
     summary = json.loads(out.read_text())
     assert code == 0, summary["verdict"]
     assert summary["kv_end"] == summary["kv_start"] and not summary["failures"]
+
+
+def test_rss_growth_is_also_given_per_request():
+    result = SoakResult(60, 4)
+    result.samples = [
+        Sample(10, 100.0, [400.0], [0], [0], 0),
+        Sample(20, 101.0, [401.0], [0], [0], 1000),
+        Sample(30, 102.0, [401.0], [0], [0], 3048),
+    ]
+    # The middle sample to the last: 1 MiB over 2,048 requests; the worker flat.
+    assert result.rss_bytes_per_request() == {"router": 512.0, "worker 0": 0.0}
