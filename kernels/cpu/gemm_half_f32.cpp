@@ -256,9 +256,13 @@ torch::Tensor half_panel_linear(const torch::Tensor& x, const torch::Tensor& pac
   return out;
 }
 
+// Kernels run without the GIL (no Python object in their bodies), as in module.cpp;
+// the capability query keeps it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("half_f32_supported", &half_f32_supported, "Whether this build has the AVX2 half-storage linear");
-  m.def("pack_half_panels", &pack_half_panels, "[N, K] bf16/fp16 weight -> [N / 16, K, 16] panels");
+  m.def("pack_half_panels", &pack_half_panels, "[N, K] bf16/fp16 weight -> [N / 16, K, 16] panels",
+        py::call_guard<py::gil_scoped_release>());
   m.def("half_panel_linear", &half_panel_linear, "x [M, K] f32 @ widened packed^T (+ bias) -> [M, N] f32",
-        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
 }

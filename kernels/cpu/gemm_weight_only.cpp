@@ -335,14 +335,20 @@ torch::Tensor weight_only_linear(const torch::Tensor& x, const torch::Tensor& pa
 
 }  // namespace
 
+// Kernels run without the GIL (no Python object in their bodies), as in module.cpp;
+// the capability query keeps it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "Whether this build has the AVX512-BF16 weight-only linears");
-  m.def("pack_byte_panels", &pack_byte_panels, "[N, K] int8/fp8 weight -> [N / 32, K / 2, 64] uint8 panels");
+  m.def("pack_byte_panels", &pack_byte_panels, "[N, K] int8/fp8 weight -> [N / 32, K / 2, 64] uint8 panels",
+        py::call_guard<py::gil_scoped_release>());
   m.def("weight_only_linear", &weight_only_linear,
         "x [M, K] bf16 @ (packed codes)^T * scales (+ bias) -> [M, N] bf16; fp8: e4m3 codes, else int8",
-        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("bias") = py::none(), py::arg("fp8") = false);
-  m.def("pack_int4_panels", &pack_int4_panels, "[N, K] 4-bit codes -> [N / 32, K / 2, 32] uint8 panels");
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("bias") = py::none(), py::arg("fp8") = false,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("pack_int4_panels", &pack_int4_panels, "[N, K] 4-bit codes -> [N / 32, K / 2, 32] uint8 panels",
+        py::call_guard<py::gil_scoped_release>());
   m.def("int4_linear", &int4_linear,
         "x [M, K] bf16 @ dequantized(packed, scales, offsets, group)^T (+ bias) -> [M, N] bf16", py::arg("x"),
-        py::arg("packed"), py::arg("scales"), py::arg("offsets"), py::arg("group"), py::arg("bias") = py::none());
+        py::arg("packed"), py::arg("scales"), py::arg("offsets"), py::arg("group"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
 }

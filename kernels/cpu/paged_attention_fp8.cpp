@@ -319,14 +319,18 @@ void paged_attention_fp8(const torch::Tensor& query, const torch::Tensor& key_ca
   }
 }
 
+// Kernels run without the GIL (no Python object in their bodies), as in module.cpp;
+// the capability query keeps it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supports", &supports, "Whether paged_attention_fp8 takes these head shapes");
   m.def("write_kv_cache_fp8", &write_kv_cache_fp8, "Quantize new K/V rows to e4m3 into their cache slots",
         py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention_fp8", &paged_attention_fp8,
         "Paged attention of decode and prefill rows over an e4m3 KV cache", py::arg("query"), py::arg("key_cache"),
         py::arg("value_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"),
         py::arg("out"), py::arg("scale"), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-        py::arg("sliding_window") = 0);
+        py::arg("sliding_window") = 0,
+        py::call_guard<py::gil_scoped_release>());
 }
