@@ -56,6 +56,20 @@ async def _three_then_silence(request: bytes, context) -> object:
     await asyncio.sleep(3600)
 
 
+async def _mute(request: bytes, context) -> object:
+    """Nothing, not even headers, until cancelled: a worker that sent headers only with
+    its first token, while its request waited in its queue."""
+    await asyncio.sleep(3600)
+    yield b""
+
+
+async def _headers_then_mute(request: bytes, context) -> object:
+    """Headers at once, then nothing: a Pagoda worker whose request waits in its queue."""
+    await context.send_initial_metadata(())
+    await asyncio.sleep(3600)
+    yield b""
+
+
 async def _three(request: bytes, context) -> object:
     for _ in range(3):
         yield b"t" * 40
@@ -69,6 +83,10 @@ def _serve(ports: multiprocessing.Queue) -> None:
                 _three_then_silence, _identity, _identity
             ),
             "Three": grpc.unary_stream_rpc_method_handler(_three, _identity, _identity),
+            "Mute": grpc.unary_stream_rpc_method_handler(_mute, _identity, _identity),
+            "HeadersThenMute": grpc.unary_stream_rpc_method_handler(
+                _headers_then_mute, _identity, _identity
+            ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
         ports.put(server.add_insecure_port("127.0.0.1:0"))
@@ -83,6 +101,8 @@ async def _measure(port: int, num_calls: int) -> dict[str, float]:
     options = {"request_serializer": _identity, "response_deserializer": _identity}
     silent = channel.unary_stream(f"/{_SERVICE}/Silent", **options)
     three = channel.unary_stream(f"/{_SERVICE}/Three", **options)
+    mute = channel.unary_stream(f"/{_SERVICE}/Mute", **options)
+    headers_then_mute = channel.unary_stream(f"/{_SERVICE}/HeadersThenMute", **options)
 
     async def read_to_the_end() -> None:
         call = three(b"r")
@@ -113,11 +133,27 @@ async def _measure(port: int, num_calls: int) -> dict[str, float]:
         call.cancel()
         await asyncio.gather(read, return_exceptions=True)
 
+    async def cancelled_before_any_headers() -> None:  # a worker that waits for a token
+        call = mute(b"r")
+        read = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.001)
+        call.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+
+    async def cancelled_after_headers() -> None:  # a worker that sends them at once
+        call = headers_then_mute(b"r")
+        read = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.001)
+        call.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+
     ways = (
         read_to_the_end,
         cancelled_between_reads,
         reader_task_cancelled,
         call_cancelled_read_left_to_end,
+        cancelled_before_any_headers,
+        cancelled_after_headers,
     )
     result = {}
     for way in ways:

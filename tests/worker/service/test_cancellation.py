@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -70,3 +72,20 @@ def test_cancel_of_a_waiting_request_frees_its_place(start_worker):
     wait_for(lambda: worker.on_engine(pool_is_idle), what="an idle pool")
     # Neither ran to its 400 tokens.
     assert worker.stub.GetLoad(pb.GetLoadRequest()).num_steps < 400
+
+
+def test_a_waiting_request_already_has_its_headers(start_worker):
+    # A caller cancelling before any headers came back leaks native memory in grpcio
+    # (grpc/grpc#43360); the worker sends them when the call starts, so a request still
+    # queued behind another has them.
+    worker = start_worker(max_num_seqs=1, max_model_len=512)
+    running, waiting = one_running_one_waiting(worker, [9] * 20, [8] * 20)
+    headers: list = []
+    reader = threading.Thread(target=lambda: headers.append(waiting.initial_metadata()))
+    reader.start()
+    reader.join(timeout=30)
+    assert headers == [()]
+    assert worker.stub.GetLoad(pb.GetLoadRequest()).num_waiting_requests == 1
+    waiting.cancel()
+    running.cancel()
+    wait_for(lambda: worker.on_engine(pool_is_idle), what="an idle pool")
