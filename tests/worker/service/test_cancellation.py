@@ -37,7 +37,9 @@ def test_an_ended_call_frees_its_blocks(start_worker, how):
     prompt = random_prompts([30], seed=21)[0]
     channel = grpc.insecure_channel(worker.address)
     stub = pb_grpc.WorkerServiceStub(channel)
-    call = stub.Generate(request(prompt, **LONG), timeout=0.25 if how == "deadline" else 60)
+    # The deadline leaves time for the first two tokens on a loaded 2-core box (a fresh
+    # worker's took 210-370 ms there) and is far short of the 990 tokens' time.
+    call = stub.Generate(request(prompt, **LONG), timeout=1.0 if how == "deadline" else 60)
     received = [next(call), next(call)]  # mid-stream: the request holds blocks
     assert worker.stub.GetLoad(pb.GetLoadRequest()).num_kv_blocks_used > 0
     if how == "cancel":
