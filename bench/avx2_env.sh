@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Emulated AVX2-only CPU (e.g. an AVX2 AMD EPYC, Zen 2/3) on an AVX-512 machine.
 #
 #   source bench/avx2_env.sh            # then any pagoda / bench command
