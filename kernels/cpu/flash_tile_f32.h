@@ -7,7 +7,7 @@
 // the paged cache (no packing: float32 rows are already what the FMAs take), 16
 // keys per softmax step. Masked keys (causal edge, sliding window, the padding
 // past the context) only occur in the chunks at a tile's edges; those are
-// masked with vector compares and blends, and the rest run unmasked.
+// masked lane by lane in scalar code, and the rest run unmasked.
 #pragma once
 
 #include <torch/extension.h>
@@ -58,8 +58,6 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
   vnative m = vnative{} + kMaskedScore, l = vnative{};
   const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-  ivnative qpos;  // each lane's query position (positions fit int32: max-model-len)
-  for (int n = 0; n < W; ++n) qpos[n] = static_cast<int32_t>(first_pos + static_cast<int64_t>(n) * row_step);
   for (int64_t k0 = lo / kF32Keys * kF32Keys; k0 <= last_pos; k0 += kF32Keys) {
     const float* krow[kF32Keys];
     const float* vrow[kF32Keys];
@@ -69,38 +67,28 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       krow[j] = real ? ctx.k_cache + ctx.offset(pos) : zero_row;
       vrow[j] = real ? ctx.v_cache + ctx.offset(pos) : zero_row;
     }
-    // Scores, 8 keys at a time against each dim's query vector: 8 independent
-    // FMA chains, as many as 2 FMA pipes x 4 cycles of latency keep busy (4
-    // chains ran the score half at half the FMA rate: the 1024-token prefill
-    // tile at 56% of the float32 peak on the AVX2 build).
+    // Scores, 4 keys at a time against each dim's query vector.
     vnative x[kF32Keys];
-    for (int j0 = 0; j0 < kF32Keys; j0 += 8) {
-      const float *k0r = krow[j0], *k1r = krow[j0 + 1], *k2r = krow[j0 + 2], *k3r = krow[j0 + 3];
-      const float *k4r = krow[j0 + 4], *k5r = krow[j0 + 5], *k6r = krow[j0 + 6], *k7r = krow[j0 + 7];
-      vnative a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+    for (int j0 = 0; j0 < kF32Keys; j0 += 4) {
+      vnative a0{}, a1{}, a2{}, a3{};
       for (int64_t e = 0; e < d; ++e) {
         const vnative qv = qt[e];
-        a0 += k0r[e] * qv;
-        a1 += k1r[e] * qv;
-        a2 += k2r[e] * qv;
-        a3 += k3r[e] * qv;
-        a4 += k4r[e] * qv;
-        a5 += k5r[e] * qv;
-        a6 += k6r[e] * qv;
-        a7 += k7r[e] * qv;
+        a0 += krow[j0][e] * qv;
+        a1 += krow[j0 + 1][e] * qv;
+        a2 += krow[j0 + 2][e] * qv;
+        a3 += krow[j0 + 3][e] * qv;
       }
       x[j0] = a0, x[j0 + 1] = a1, x[j0 + 2] = a2, x[j0 + 3] = a3;
-      x[j0 + 4] = a4, x[j0 + 5] = a5, x[j0 + 6] = a6, x[j0 + 7] = a7;
     }
     const bool masked = k0 + kF32Keys - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
-    ivnative drop[kF32Keys];  // all-ones lanes: key j is not visible from that row
+    bool drop[kF32Keys][W];
     if (masked)
-      for (int j = 0; j < kF32Keys; ++j) {
-        const int32_t kp = static_cast<int32_t>(k0 + j);
-        drop[j] = (ivnative{} + kp) > qpos;
-        if (window > 0) drop[j] |= (qpos - kp) >= (ivnative{} + static_cast<int32_t>(window));
-        x[j] = drop[j] ? vnative{} + kMaskedScore : x[j];
-      }
+      for (int j = 0; j < kF32Keys; ++j)
+        for (int n = 0; n < W; ++n) {
+          const int64_t kp = k0 + j, qp = first_pos + static_cast<int64_t>(n) * row_step;
+          drop[j][n] = kp > qp || (window > 0 && qp - kp >= window);
+          if (drop[j][n]) x[j][n] = kMaskedScore;
+        }
     vnative mx = m;
     for (int j = 0; j < kF32Keys; ++j) mx = vmax(mx, x[j]);
     const vnative alpha = exp_native(m - mx);
@@ -109,7 +97,9 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
     vnative sum{};
     for (int j = 0; j < kF32Keys; ++j) {
       p[j] = exp_native(x[j] - mx);
-      if (masked) p[j] = drop[j] ? vnative{} : p[j];
+      if (masked)
+        for (int n = 0; n < W; ++n)
+          if (drop[j][n]) p[j][n] = 0.f;
       sum += p[j];
     }
     l = l * alpha + sum;
