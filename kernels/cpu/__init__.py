@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import os
 import platform
-import shutil
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -82,17 +81,30 @@ def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
     return (_SOURCES if sources is None else sources), (_HEADERS if headers is None else headers)
 
 
+def _read_sources(
+    sources: list[Path] | None = None, headers: list[Path] | None = None
+) -> dict[str, bytes]:
+    """Each file's name -> its bytes, read once: the folder's key and the copy compiled
+    in it must be the same bytes, or a file edited while a load waits on another's
+    build would be compiled into the folder keyed by its old content."""
+    sources, headers = _or_attention(sources, headers)
+    return {source.name: source.read_bytes() for source in [*sources, *headers]}
+
+
 def _build_dir(
-    sources: list[Path] | None = None, headers: list[Path] | None = None, isa: str | None = None
+    sources: list[Path] | None = None,
+    headers: list[Path] | None = None,
+    isa: str | None = None,
+    contents: dict[str, bytes] | None = None,
 ) -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
     # Keyed by content alone, so every checkout of the same sources shares one build
     # (the sources are compiled from a copy inside the folder, see _staged_sources).
-    sources, headers = _or_attention(sources, headers)
+    contents = _read_sources(sources, headers) if contents is None else contents
     digest = hashlib.sha256()
-    for source in [*sources, *headers]:
-        digest.update(source.name.encode())
-        digest.update(source.read_bytes())
+    for name, data in contents.items():
+        digest.update(name.encode())
+        digest.update(data)
     digest.update(" ".join(isa_flags(isa)).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_model().encode())
@@ -105,18 +117,22 @@ def _build_dir(
 
 
 def _staged_sources(
-    build_dir: Path, sources: list[Path] | None = None, headers: list[Path] | None = None
+    build_dir: Path,
+    sources: list[Path] | None = None,
+    headers: list[Path] | None = None,
+    contents: dict[str, bytes] | None = None,
 ) -> list[Path]:
     """The sources copied into `build_dir/src`: ninja's build command names the
     source paths, so compiling a checkout's own files would make two checkouts
     sharing the folder rebuild each other's build on every load."""
-    sources, headers = _or_attention(sources, headers)
+    contents = _read_sources(sources, headers) if contents is None else contents
+    sources, _ = _or_attention(sources, headers)
     src = build_dir / "src"
     src.mkdir(exist_ok=True)
-    for source in [*sources, *headers]:
-        target = src / source.name
-        if not target.exists() or target.read_bytes() != source.read_bytes():
-            shutil.copyfile(source, target)
+    for name, data in contents.items():
+        target = src / name
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
     return [src / s.name for s in sources]
 
 
@@ -188,7 +204,8 @@ def _load(name: str, sources: list[Path], headers: list[Path], isa: str) -> Modu
     try:
         from torch.utils.cpp_extension import load
 
-        build_dir = _build_dir(sources, headers, isa)
+        contents = _read_sources(sources, headers)
+        build_dir = _build_dir(sources, headers, isa, contents)
         with open(build_dir / "pagoda.lock", "w") as guard:
             # torch's own lock is a file that a build killed midway leaves behind, and
             # every later load then waits on it forever. Whoever holds this flock (the
@@ -205,7 +222,9 @@ def _load(name: str, sources: list[Path], headers: list[Path], isa: str) -> Modu
             with build_reported(build_dir, name):
                 return load(
                     name=name,
-                    sources=[str(s) for s in _staged_sources(build_dir, sources, headers)],
+                    sources=[
+                        str(s) for s in _staged_sources(build_dir, sources, headers, contents)
+                    ],
                     extra_cflags=isa_flags(isa),
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),

@@ -37,3 +37,19 @@ def test_sources_compile_from_a_copy_inside_the_folder(tmp_path, monkeypatch):
     assert all(p.read_bytes() == s.read_bytes() for p, s in zip(staged, cpu._SOURCES))
     for header in cpu._HEADERS:
         assert (build_dir / "src" / header.name).read_bytes() == header.read_bytes()
+
+
+def test_a_source_edited_after_the_folder_was_chosen_stays_out_of_it(tmp_path, monkeypatch):
+    # A load waiting on another process's build stages the bytes its folder is keyed by,
+    # not what the checkout holds by then.
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "checkout" / cpu._SOURCES[0].name
+    copy.parent.mkdir()
+    copy.write_bytes(cpu._SOURCES[0].read_bytes())
+    monkeypatch.setattr(cpu, "_SOURCES", [copy, *cpu._SOURCES[1:]])
+    contents = cpu._read_sources()
+    build_dir = cpu._build_dir(contents=contents)
+    copy.write_bytes(copy.read_bytes() + b"\n// edited while waiting for the lock\n")
+    staged = cpu._staged_sources(build_dir, contents=contents)
+    assert staged[0].read_bytes() == contents[copy.name]
+    assert cpu._build_dir() != build_dir  # the edit gets a folder of its own
