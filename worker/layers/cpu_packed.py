@@ -9,7 +9,8 @@ as much as the multiply. Packing at load time moves it out of the step
 (measured: 1.2-1.5x per linear at 16 rows, 1.1-1.3x at 64, on AVX512-BF16).
 float32 goes through MKL's sgemm in `F.linear`, which on an AVX2 EPYC ran
 10-40% slower than packed oneDNN from 8 to 2048 rows and at half its speed on
-the 49152-row LM head (it is vLLM's CPU path for both dtypes too).
+the 49152-row LM head (vLLM 0.32's CPU linears prepack for oneDNN too,
+`onednn_mm`).
 The plain twin is `F.linear` on the unpacked weight, used everywhere else
 (GPU, half precision, builds of torch without oneDNN, and CPUs oneDNN has no
 bf16 kernels for).
