@@ -19,7 +19,7 @@ alike, reading e4m3 in place (no cascade: every row reads its whole context).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from kernels.cpu import load_cpu_kernels, load_fp8_kv_kernels
 from shared import env
 from worker.attention.backends.base import AttentionBackend
+from worker.attention.backends.cpu_bound import bind_cpu_layer
 from worker.attention.backends.torch_reference import (
     TorchAttentionMetadata,
     TorchReferenceBackend,
@@ -68,6 +69,9 @@ class CPUAttentionMetadata(TorchAttentionMetadata):
     # row offsets [num_seqs + 1] int64.
     seq_lens_tensor: torch.Tensor | None = None
     query_start_tensor: torch.Tensor | None = None
+    # The step's attention output, shared by all layers of one head shape
+    # (cpu_bound.step_output): (num_heads, head_dim, dtype) -> (3-D, 2-D view).
+    outputs: dict = field(default_factory=dict)
 
 
 class CPUAttentionBackend(AttentionBackend):
@@ -87,6 +91,14 @@ class CPUAttentionBackend(AttentionBackend):
         if shape not in self._supported:
             self._supported[shape] = self.kernels is not None and self.kernels.supports(*shape)
         return self._supported[shape]
+
+    def bind_layer(self, layer):
+        kv_cache = layer.kv_cache
+        if kv_cache.dtype == torch.float8_e4m3fn or not self._supports(
+            layer.num_heads, layer.num_kv_heads, layer.head_dim
+        ):
+            return super().bind_layer(layer)
+        return bind_cpu_layer(self, layer)
 
     def device_arrays(self, layout):
         return {"slot_mapping": layout.slot_mapping, "block_tables": layout.block_tables}
@@ -264,13 +276,18 @@ class CPUAttentionBackend(AttentionBackend):
         return prefix_len if prefix_len >= CASCADE_MIN_TOKENS else 0
 
     def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
-        """Whether prefill rows (and a cascade's prefix) go through the C++ tiles:
-        bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
-        return (
-            query.dtype in (torch.bfloat16, torch.float32)
-            and key_cache.dtype == query.dtype
+        """Whether prefill rows (and a cascade's prefix) go through the C++ tiles."""
+        return key_cache.dtype == query.dtype and self.kernel_prefill_for(
+            query.dtype, query.shape[2]
+        )
+
+    def kernel_prefill_for(self, dtype: torch.dtype, head_dim: int) -> bool:
+        """Whether the C++ tiles take prefill rows of this dtype (query and cache
+        alike): bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
+        return bool(
+            dtype in (torch.bfloat16, torch.float32)
             and self.prefill_kernel
-            and self.kernels.prefill_supported(query.shape[2], query.dtype == torch.bfloat16)
+            and self.kernels.prefill_supported(head_dim, dtype == torch.bfloat16)
         )
 
     @staticmethod
