@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from worker.attention.backends import get_attention_backend
+from worker.attention.backends.cpu_metadata import mixed_metadata
 from worker.attention.forward_context import forward_context
 from worker.attention.metadata import BatchLayout
 from worker.layers.attention import Attention
@@ -111,3 +112,21 @@ def test_rebinding_the_cache_drops_the_bound_attention():
         assert layer._bound is None
         layer.forward(q, k, v)
     assert fresh.abs().sum() > 0  # the new token's K/V landed in the new cache
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3, 10])
+def test_decode_only_metadata_equals_the_mixed_build(num_seqs):
+    backend = get_attention_backend("cpu", "cpu")
+    shapes = [(160 + 7 * i, 1) for i in range(num_seqs)]
+    layout = _step(shapes, 2, 16, 16, 200, torch.float32, seed=5, prefix=10)[0]
+    arrays = {n: torch.from_numpy(a) for n, a in backend.device_arrays(layout).items()}
+    fast = backend.build_metadata(layout, arrays)
+    general = mixed_metadata(layout, arrays)
+    assert fast.cascade_blocks == (10 if num_seqs >= 8 else 0)
+    for name, value in vars(general).items():
+        got = getattr(fast, name)
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and got.shape == value.shape, name
+            assert torch.equal(got, value), name
+        else:
+            assert got == value, name
