@@ -57,7 +57,8 @@ def decode_only_metadata(layout: BatchLayout, arrays) -> CPUAttentionMetadata:
     mixed_metadata's, from the layout's arrays as they are, with no
     per-sequence Python (about half its 26-48 us per step)."""
     num_seqs = layout.num_seqs
-    seq_lens = np.ascontiguousarray(layout.seq_lens, dtype=np.int32)
+    # A copy: the tensors below must not change if the batch's arrays are reused.
+    seq_lens = np.array(layout.seq_lens, dtype=np.int32)
     block_tables = arrays["block_tables"]
     decode_tables = block_tables.contiguous()
     lens = torch.from_numpy(seq_lens)
