@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from worker.attention import forward_context
 from worker.attention.backends import AttentionBackend
-from worker.attention.forward_context import get_forward_context
+
+# (query, key, value, metadata) -> [num_tokens, num_heads * head_dim]; q/k/v as
+# Attention.forward takes them. Made by AttentionBackend.bind_layer.
+LayerAttention = Callable[..., torch.Tensor]
 
 
 class Attention(nn.Module):
     """Reads the step's metadata from the forward context; the model runner
-    binds `kv_cache` and `backend` before the first forward."""
+    binds `kv_cache` and `backend` before the first forward.
+
+    The first forward asks the backend for this layer's attention bound to its
+    cache and head shape (`bind_layer`): what is the same for every step (the
+    cache's K/V views, shape checks, kernel choice) is then done once, not in
+    each of a step's per-layer calls. Rebinding kv_cache or backend drops it.
+    """
 
     def __init__(
         self,
@@ -28,23 +40,32 @@ class Attention(nn.Module):
         # An fp8 KV cache holds K / k_scale, V / v_scale: 1.0 unless the checkpoint
         # carries calibrated scales (worker/models/kv_scales.py).
         self.k_scale = self.v_scale = 1.0
-        self.kv_cache: torch.Tensor | None = None  # in the backend's layout
-        self.backend: AttentionBackend | None = None
+        self._kv_cache: torch.Tensor | None = None  # in the backend's layout
+        self._backend: AttentionBackend | None = None
+        self._bound: LayerAttention | None = None
+
+    @property
+    def kv_cache(self) -> torch.Tensor | None:
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, kv_cache: torch.Tensor | None) -> None:
+        self._kv_cache, self._bound = kv_cache, None
+
+    @property
+    def backend(self) -> AttentionBackend | None:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: AttentionBackend | None) -> None:
+        self._backend, self._bound = backend, None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """q: [num_tokens, num_heads * head_dim], k/v: [num_tokens, num_kv_heads * head_dim]."""
-        assert self.kv_cache is not None and self.backend is not None, "KV cache not bound"
-        metadata = get_forward_context()
-        num_tokens = query.shape[0]
-        out = self.backend.forward(
-            query.view(num_tokens, self.num_heads, self.head_dim),
-            key.view(num_tokens, self.num_kv_heads, self.head_dim),
-            value.view(num_tokens, self.num_kv_heads, self.head_dim),
-            self.kv_cache,
-            metadata,
-            self.scale,
-            self.sliding_window,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
-        )
-        return out.view(num_tokens, self.num_heads * self.head_dim)
+        bound = self._bound
+        if bound is None:
+            assert self._kv_cache is not None and self._backend is not None, "KV cache not bound"
+            bound = self._bound = self._backend.bind_layer(self)
+        metadata = forward_context._current
+        assert metadata is not None, "attention layer called outside forward_context()"
+        return bound(query, key, value, metadata)

@@ -12,11 +12,15 @@ A backend owns three things the runner does not know about:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from worker.attention.metadata import AttentionMetadata, BatchLayout
+
+if TYPE_CHECKING:
+    from worker.layers.attention import Attention, LayerAttention
 
 
 class AttentionBackend(ABC):
@@ -48,6 +52,30 @@ class AttentionBackend(ABC):
         self, layout: BatchLayout, arrays: dict[str, torch.Tensor]
     ) -> AttentionMetadata:
         """This step's metadata; `arrays` are the device copies of device_arrays()."""
+
+    def bind_layer(self, layer: Attention) -> LayerAttention:
+        """`layer`'s attention over its bound kv_cache, called once per layer per
+        step with 2-D q [num_tokens, num_heads * head_dim], k/v [num_tokens,
+        num_kv_heads * head_dim] and the step's metadata; returns [num_tokens,
+        num_heads * head_dim]. Backends override it to do per-layer constant work
+        (cache views, checks) once, at the first forward, instead of per call."""
+
+        def attend(query, key, value, metadata):
+            num_tokens = query.shape[0]
+            out = self.forward(
+                query.view(num_tokens, layer.num_heads, layer.head_dim),
+                key.view(num_tokens, layer.num_kv_heads, layer.head_dim),
+                value.view(num_tokens, layer.num_kv_heads, layer.head_dim),
+                layer.kv_cache,
+                metadata,
+                layer.scale,
+                layer.sliding_window,
+                k_scale=layer.k_scale,
+                v_scale=layer.v_scale,
+            )
+            return out.view(num_tokens, layer.num_heads * layer.head_dim)
+
+        return attend
 
     @abstractmethod
     def forward(

@@ -19,55 +19,25 @@ alike, reading e4m3 in place (no cascade: every row reads its whole context).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from kernels.cpu import load_cpu_kernels, load_fp8_kv_kernels
 from shared import env
 from worker.attention.backends.base import AttentionBackend
-from worker.attention.backends.torch_reference import (
-    TorchAttentionMetadata,
-    TorchReferenceBackend,
+from worker.attention.backends.cpu_bound import bind_cpu_layer
+from worker.attention.backends.cpu_metadata import (
+    CASCADE_MIN_TOKENS,
+    CPUAttentionMetadata,
+    decode_only_metadata,
+    mixed_metadata,
+    shared_leading_blocks,
 )
+from worker.attention.backends.torch_reference import TorchReferenceBackend
 from worker.attention.metadata import BatchLayout
 
-# A cascade pays from 8 decode sequences sharing 128 tokens (measured: 8 x 200
-# tokens over a 128-token prefix, 52 -> 39 us per layer; 32 x 560 over 512,
-# 449 -> 140 us); with fewer, the per-sequence kernel alone is as fast.
-CASCADE_MIN_SEQS = 8
-CASCADE_MIN_TOKENS = 128
-
-
-def shared_leading_blocks(block_tables: torch.Tensor) -> int:
-    """How many leading columns of block_tables [num_seqs, max_num_blocks] hold the
-    same block in every row (padding included: callers cap by sequence length)."""
-    same = (block_tables == block_tables[:1]).all(dim=0)
-    return int(same.int().cumprod(0).sum())
-
-
-@dataclass
-class CPUAttentionMetadata(TorchAttentionMetadata):
-    """The reference's metadata (the fallback for head shapes the kernels do not
-    take) plus the decode/prefill partition, made once per step for all layers."""
-
-    decode_rows: torch.Tensor  # [num_decode] int64, query rows of decode sequences
-    decode_block_tables: torch.Tensor  # [num_decode, max_num_blocks] int32
-    decode_seq_lens: torch.Tensor  # [num_decode] int32
-    decode_seq_ids: list[int]
-    prefills: list[tuple[int, int, int, int]]  # (seq index, first row, end row, seq_len)
-    prefill_block_tables: torch.Tensor  # [num_prefill, max_num_blocks] int32
-    prefill_seq_lens: torch.Tensor  # [num_prefill] int32
-    prefill_ranges: torch.Tensor  # [num_prefill, 2] int64, rows [first, end) of each
-    # Cascade: leading block-table columns every decode sequence shares (0: too few
-    # sequences to bother), and the shortest decode context.
-    cascade_blocks: int = 0
-    decode_min_len: int = 0
-    # The fp8 kernel's view of every sequence: context lengths [num_seqs] int32 and
-    # row offsets [num_seqs + 1] int64.
-    seq_lens_tensor: torch.Tensor | None = None
-    query_start_tensor: torch.Tensor | None = None
+__all__ = ["CPUAttentionBackend", "CPUAttentionMetadata", "shared_leading_blocks"]
 
 
 class CPUAttentionBackend(AttentionBackend):
@@ -88,45 +58,21 @@ class CPUAttentionBackend(AttentionBackend):
             self._supported[shape] = self.kernels is not None and self.kernels.supports(*shape)
         return self._supported[shape]
 
+    def bind_layer(self, layer):
+        kv_cache = layer.kv_cache
+        if kv_cache.dtype == torch.float8_e4m3fn or not self._supports(
+            layer.num_heads, layer.num_kv_heads, layer.head_dim
+        ):
+            return super().bind_layer(layer)
+        return bind_cpu_layer(self, layer)
+
     def device_arrays(self, layout):
         return {"slot_mapping": layout.slot_mapping, "block_tables": layout.block_tables}
 
     def build_metadata(self, layout: BatchLayout, arrays) -> CPUAttentionMetadata:
-        starts = layout.query_start_loc.tolist()
-        seq_lens = layout.seq_lens.tolist()
-        num_seqs = len(seq_lens)
-        block_tables = arrays["block_tables"]
-        decode_ids = [i for i in range(num_seqs) if starts[i + 1] - starts[i] == 1]
-        prefills = [
-            (i, starts[i], starts[i + 1], seq_lens[i])
-            for i in range(num_seqs)
-            if starts[i + 1] - starts[i] > 1
-        ]
-        index = torch.tensor(decode_ids, dtype=torch.int64)
-        prefill_index = torch.tensor([p[0] for p in prefills], dtype=torch.int64)
-        decode_tables = block_tables.index_select(0, index).contiguous()
-        decode_lens = [seq_lens[i] for i in decode_ids]
-        return CPUAttentionMetadata(
-            num_tokens=layout.num_tokens,
-            slot_mapping=arrays["slot_mapping"],
-            block_tables=block_tables,
-            query_start_loc=starts,
-            seq_lens=seq_lens,
-            decode_rows=torch.tensor([starts[i] for i in decode_ids], dtype=torch.int64),
-            decode_block_tables=decode_tables,
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32),
-            decode_seq_ids=decode_ids,
-            prefills=prefills,
-            prefill_block_tables=block_tables.index_select(0, prefill_index).contiguous(),
-            prefill_seq_lens=torch.tensor([p[3] for p in prefills], dtype=torch.int32),
-            prefill_ranges=torch.tensor([p[1:3] for p in prefills], dtype=torch.int64).view(-1, 2),
-            cascade_blocks=shared_leading_blocks(decode_tables)
-            if len(decode_ids) >= CASCADE_MIN_SEQS
-            else 0,
-            decode_min_len=min(decode_lens, default=0),
-            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_tensor=torch.tensor(starts, dtype=torch.int64),
-        )
+        if layout.num_seqs and (np.diff(layout.query_start_loc) == 1).all():
+            return decode_only_metadata(layout, arrays)
+        return mixed_metadata(layout, arrays)
 
     def forward(
         self,
@@ -264,13 +210,18 @@ class CPUAttentionBackend(AttentionBackend):
         return prefix_len if prefix_len >= CASCADE_MIN_TOKENS else 0
 
     def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
-        """Whether prefill rows (and a cascade's prefix) go through the C++ tiles:
-        bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
-        return (
-            query.dtype in (torch.bfloat16, torch.float32)
-            and key_cache.dtype == query.dtype
+        """Whether prefill rows (and a cascade's prefix) go through the C++ tiles."""
+        return key_cache.dtype == query.dtype and self.kernel_prefill_for(
+            query.dtype, query.shape[2]
+        )
+
+    def kernel_prefill_for(self, dtype: torch.dtype, head_dim: int) -> bool:
+        """Whether the C++ tiles take prefill rows of this dtype (query and cache
+        alike): bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
+        return bool(
+            dtype in (torch.bfloat16, torch.float32)
             and self.prefill_kernel
-            and self.kernels.prefill_supported(query.shape[2], query.dtype == torch.bfloat16)
+            and self.kernels.prefill_supported(head_dim, dtype == torch.bfloat16)
         )
 
     @staticmethod

@@ -1,0 +1,107 @@
+"""One layer's CPU attention, bound to its cache once (CPUAttentionBackend.bind_layer).
+
+A batch-1 decode step calls attention 30 times around a ~3 us kernel; the
+generic path spent 28-46 us of Python per call on work that is the same for
+every layer of every step: splitting the cache into K/V views, checking the
+cache dtype and head shape, choosing kernels, keyword arguments, allocating the
+output. Here that is done at bind time (the first forward), and the output is
+one buffer per step shared by all layers (see `step_output`), so a call makes
+three views, the cache write and the kernel call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from worker.attention.backends.cpu import CPUAttentionBackend, CPUAttentionMetadata
+    from worker.layers.attention import Attention, LayerAttention
+
+
+def step_output(
+    plan: CPUAttentionMetadata, key: tuple, num_tokens: int, num_heads: int, head_dim: int, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This step's attention output ([num_tokens, num_heads, head_dim] and its
+    [num_tokens, num_heads * head_dim] view), made by the first layer that asks.
+    Sharing it is safe: a layer's output is read (by o_proj) before the next
+    layer's attention writes it, and every row is written by each layer."""
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=dtype)
+    pair = plan.outputs[key] = (out, out.view(num_tokens, num_heads * head_dim))
+    return pair
+
+
+def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAttention:
+    """The kernels' path for a model-dtype cache and a head shape they take; the
+    caller sends fp8 caches and other shapes to the generic path."""
+    kernels = backend.kernels
+    key_cache, value_cache = backend.split_kv_cache(layer.kv_cache)
+    num_heads, num_kv_heads, head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    dtype = key_cache.dtype
+    scale = layer.scale
+    window = layer.sliding_window
+    window_arg = window or 0
+    # The model's activations are in the cache's dtype (write_kv_cache checks it).
+    kernel_prefill = backend.kernel_prefill_for(dtype, head_dim)
+    cascade_ok = kernel_prefill and not window
+    out_key = (num_heads, head_dim, dtype)
+    write_kv_cache = kernels.write_kv_cache
+    decode = kernels.paged_attention_decode
+    prefill_kernel = kernels.paged_attention_prefill
+    prefill_twin = backend._prefill
+
+    def attend(query, key, value, plan):
+        num_tokens = query.shape[0]
+        query = query.view(num_tokens, num_heads, head_dim)
+        key = key.view(num_tokens, num_kv_heads, head_dim)
+        value = value.view(num_tokens, num_kv_heads, head_dim)
+        write_kv_cache(key, value, key_cache, value_cache, plan.slot_mapping)
+        pair = plan.outputs.get(out_key)
+        if pair is None:
+            pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
+        out = pair[0]
+        if plan.decode_seq_ids:
+            if plan.cascade_blocks and cascade_ok:  # maybe a cascade: the general path
+                backend._decode(query, key_cache, value_cache, plan, out, scale, window)
+            else:
+                decode(
+                    query,
+                    key_cache,
+                    value_cache,
+                    plan.decode_block_tables,
+                    plan.decode_seq_lens,
+                    plan.decode_rows,
+                    out,
+                    scale,
+                    window_arg,
+                )
+        if plan.prefills:
+            if kernel_prefill:
+                prefill_kernel(
+                    query,
+                    key_cache,
+                    value_cache,
+                    plan.prefill_block_tables,
+                    plan.prefill_seq_lens,
+                    plan.prefill_ranges,
+                    out,
+                    scale,
+                    window_arg,
+                )
+            else:
+                for seq, first, end, seq_len in plan.prefills:
+                    out[first:end] = prefill_twin(
+                        query[first:end],
+                        key[first:end],
+                        value[first:end],
+                        key_cache,
+                        value_cache,
+                        plan.block_tables[seq],
+                        seq_len,
+                        scale,
+                        window,
+                    )
+        return pair[1]
+
+    return attend
