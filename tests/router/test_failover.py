@@ -36,7 +36,8 @@ PROMPT = "failover carries every piece of state over to the next worker " * 2
 
 
 class FailingProxy(wpb_grpc.WorkerServiceServicer):
-    """Forwards to a real worker; with fail_after = k, aborts after k responses."""
+    """Forwards to a real worker; with fail_after = k, aborts after k responses (or
+    before the last one, if there are fewer)."""
 
     def __init__(
         self, stub: wpb_grpc.WorkerServiceStub, info: wpb.GetModelInfoResponse, extra_load: int = 0
@@ -48,11 +49,17 @@ class FailingProxy(wpb_grpc.WorkerServiceServicer):
     def Generate(self, request, context):
         call = self.stub.Generate(request)
         try:
-            for i, response in enumerate(call):
-                if self.fail_after is not None and i == self.fail_after:
+            responses = iter(call)
+            response, i = next(responses, None), 0
+            while response is not None:
+                following = next(responses, None)
+                # A worker behind a slow reader packs several tokens into a response, so
+                # there may be fewer than fail_after of them: it then fails before its last.
+                if self.fail_after is not None and (i == self.fail_after or following is None):
                     context.abort(grpc.StatusCode.UNAVAILABLE, "injected failure")
                 self.sent += sum(len(o.token_ids) for o in response.outputs if o.index == 0)
                 yield response
+                response, i = following, i + 1
         finally:
             call.cancel()
 
