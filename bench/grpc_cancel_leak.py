@@ -124,28 +124,23 @@ async def _measure(port: int, num_calls: int) -> dict[str, float]:
         read.cancel()
         await asyncio.gather(read, return_exceptions=True)
 
+    async def cancel_with_a_read_in_flight(call, wait: float) -> None:
+        read = asyncio.ensure_future(call.read())
+        await asyncio.sleep(wait)  # the read is in flight
+        call.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+
     async def call_cancelled_read_left_to_end() -> None:  # the router now
         call = silent(b"r")
         for _ in range(3):
             await call.read()
-        read = asyncio.ensure_future(call.read())
-        await asyncio.sleep(0)
-        call.cancel()
-        await asyncio.gather(read, return_exceptions=True)
+        await cancel_with_a_read_in_flight(call, 0)
 
     async def cancelled_before_any_headers() -> None:  # a worker that waits for a token
-        call = mute(b"r")
-        read = asyncio.ensure_future(call.read())
-        await asyncio.sleep(0.001)
-        call.cancel()
-        await asyncio.gather(read, return_exceptions=True)
+        await cancel_with_a_read_in_flight(mute(b"r"), 0.001)
 
     async def cancelled_after_headers() -> None:  # a worker that sends them at once
-        call = headers_then_mute(b"r")
-        read = asyncio.ensure_future(call.read())
-        await asyncio.sleep(0.001)
-        call.cancel()
-        await asyncio.gather(read, return_exceptions=True)
+        await cancel_with_a_read_in_flight(headers_then_mute(b"r"), 0.001)
 
     ways = (
         read_to_the_end,

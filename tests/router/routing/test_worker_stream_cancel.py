@@ -11,14 +11,13 @@ mallinfo2(); Python objects live in pymalloc's own mmapped arenas, outside it.""
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import platform
 import time
 
 import grpc
 import pytest
 
+from bench.grpc_cancel_leak import native_bytes_in_use
 from router.metrics import RouterMetrics
 from router.routing.dispatcher import WorkerJob
 from router.routing.policy import Decision
@@ -27,23 +26,6 @@ from router.routing.worker_stream import WorkerStream
 from shared.proto.pagoda.v1 import sampling_pb2
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as wpb_grpc
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd",
-            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
-def _native_bytes_in_use() -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    gc.collect()
-    return libc.mallinfo2().uordblks
 
 
 class SilentWorker(wpb_grpc.WorkerServiceServicer):
@@ -102,11 +84,11 @@ def test_a_reader_cancelled_mid_read_leaves_no_native_memory_and_cancels_the_cal
             for i in range(200):  # warm: grpc's and the allocator's own caches
                 await one(i)
             await asyncio.sleep(0.2)
-            before, num_calls = _native_bytes_in_use(), 2000
+            before, num_calls = native_bytes_in_use(), 2000
             for i in range(num_calls):
                 await one(i)
             await asyncio.sleep(0.5)
-            grown = (_native_bytes_in_use() - before) / num_calls
+            grown = (native_bytes_in_use() - before) / num_calls
             return grown, worker.num_cancelled, handle.num_in_flight
         finally:
             await handle.close()
