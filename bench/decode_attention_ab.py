@@ -1,0 +1,238 @@
+"""Decode attention kernel alone, old build vs new, against a plain read of its KV.
+
+    python -m bench.decode_attention_ab [--old REF] [--seqs 1 16 36 64] [--dtype bf16|f32]
+        [--isa native|avx2] [--reps 15] [--threads 2] [--clock wall|thread|process] [--hot]
+
+Both builds hold only paged_attention_decode.cpp (REF's copy, default main, vs the
+working tree's), compiled with the flags of `--isa`, so a change builds in a minute
+instead of the whole kernel module's many. Each step calls the kernel once per
+layer of SmolLM2-135M (30 layers, 9/3 heads of 64, blocks of 8) over its own
+cache, scattered through a pool twice the size in 2 MiB pages, so K/V come from
+DRAM as in an engine step. Sequence lengths are the `mixed` workload's at the
+decode step that runs that many sequences (prompt + tokens so far). Per count it
+prints best and median ms per step (30 layers) of old and new, called in
+alternate order, and the KV GB/s and % of `read`: a loop that only reads the same
+blocks in the same order on the same threads (without software prefetch: a
+floor, not a ceiling; blocks laid end to end read ~40% faster on one Zen 5 core).
+On a loaded host use `--threads 1 --clock thread` (the caller's CPU time), and
+`--hot` (every layer on layer 0's cache) to see the compute alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from bench.workloads import make_workload
+from kernels.cpu import isa_flags
+from worker.huge_pages import huge_page_mapping
+
+LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 8
+FILES = ("paged_attention_decode.cpp", "decode_head_tile.h", "vec16.h")
+ROOT = Path(__file__).resolve().parents[1]
+
+_BIND = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <atomic>
+void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
+                            const torch::Tensor& value_cache, const torch::Tensor& block_tables,
+                            const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
+                            torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
+                            const std::optional<torch::Tensor>& prefix_out,
+                            const std::optional<torch::Tensor>& prefix_lse);
+typedef int32_t iv8 __attribute__((vector_size(32)));  // native on AVX2 too
+// Every K and V block each sequence attends, whole blocks in table order, summed
+// as int32 lanes, sequences longest first off an atomic counter like the kernel.
+int64_t read_kv(const torch::Tensor& kc, const torch::Tensor& vc, const torch::Tensor& tables,
+                const torch::Tensor& lens) {
+  const char* k = static_cast<const char*>(kc.data_ptr());
+  const char* v = static_cast<const char*>(vc.data_ptr());
+  const int64_t block_bytes = kc.stride(0) * kc.element_size(), row_bytes = block_bytes / kc.size(1);
+  const int32_t* bt = tables.data_ptr<int32_t>();
+  const int32_t* ln = lens.data_ptr<int32_t>();
+  const int64_t n = lens.size(0), width = tables.size(1);
+  std::atomic<int64_t> next{0}, total{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    iv8 acc{};
+    for (int64_t s = next++; s < n; s = next++) {
+      const int64_t bytes = ln[s] * row_bytes;
+      for (int64_t b = 0; b * block_bytes < bytes; ++b) {
+        const int64_t at = static_cast<int64_t>(bt[s * width + b]) * block_bytes;
+        const int64_t end = std::min(block_bytes, bytes - b * block_bytes);
+        for (const char* base : {k, v})
+          for (int64_t o = 0; o < end; o += 64) {
+            iv8 x, y;
+            __builtin_memcpy(&x, base + at + o, 32);
+            __builtin_memcpy(&y, base + at + o + 32, 32);
+            acc += x + y;
+          }
+      }
+    }
+    int64_t t = 0;
+    for (int i = 0; i < 8; ++i) t += acc[i];
+    total += t;
+  });
+  return total;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention_decode", &paged_attention_decode, py::call_guard<py::gil_scoped_release>());
+  m.def("read_kv", &read_kv, py::call_guard<py::gil_scoped_release>());
+}
+"""
+
+
+def stage(ref: str | None, folder: Path) -> Path:
+    """The decode kernel's files of git `ref` (None: the working tree) and the binding."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        path = f"kernels/cpu/{name}"
+        data = (
+            (ROOT / path).read_bytes()
+            if ref is None
+            else subprocess.run(
+                ["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True
+            ).stdout
+        )
+        target = folder / name
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
+    bind = folder / "bind.cpp"
+    if not bind.exists() or bind.read_text() != _BIND:
+        bind.write_text(_BIND)
+    return folder
+
+
+def build(folder: Path, name: str, isa: str):
+    from torch.utils.cpp_extension import load
+
+    return load(
+        name=name,
+        sources=[str(folder / "bind.cpp"), str(folder / FILES[0])],
+        extra_cflags=isa_flags(isa),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
+    )
+
+
+def mixed_lens(num_seqs: int) -> list[int]:
+    """Context lengths of the `mixed` decode step that runs `num_seqs` sequences (or
+    the last step that runs at least that many, cut to `num_seqs`)."""
+    reqs = make_workload("mixed").requests
+    for step in range(max(r.max_tokens for r in reqs), 0, -1):
+        running = [len(r.prompt_token_ids) + step for r in reqs if r.max_tokens > step]
+        if len(running) >= num_seqs:
+            return running[:num_seqs]
+    raise ValueError(f"mixed never runs {num_seqs} sequences")
+
+
+def step_inputs(lens: list[int], dtype: torch.dtype, gen: torch.Generator):
+    """One decode step's tensors over 30 layers' caches (KV in huge pages)."""
+    seqs = len(lens)
+    width = max(-(-n // BLOCK) for n in lens)
+    pool = 2 * seqs * width  # blocks per layer: twice what the sequences hold, scattered
+    per = pool * BLOCK * KV_HEADS * DIM
+    elem = torch.finfo(dtype).bits // 8
+    region = huge_page_mapping(per * 2 * LAYERS * elem)
+    if region is None:
+        flat = torch.empty(per * 2 * LAYERS, dtype=dtype)
+    else:
+        flat = torch.frombuffer(region, dtype=dtype)[: per * 2 * LAYERS]
+    caches = flat.normal_(generator=gen).view(LAYERS, 2, pool, BLOCK, KV_HEADS, DIM)
+    tables = torch.randperm(pool, generator=gen)[: seqs * width].int().view(seqs, width)
+    # The engine's query is a view of the fused QKV rows.
+    qkv = torch.randn(seqs, (HEADS + 2 * KV_HEADS) * DIM, generator=gen).to(dtype)
+    query = qkv[:, : HEADS * DIM].view(seqs, HEADS, DIM)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    rows = torch.arange(seqs, dtype=torch.int64)
+    kv_bytes = sum(lens) * KV_HEADS * DIM * elem * 2 * LAYERS
+    return region, caches, tables, query, lens_t, rows, kv_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", default="main", help="git ref of the old kernel")
+    parser.add_argument("--seqs", type=int, nargs="+", default=[1, 16, 36, 64])
+    parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    parser.add_argument("--isa", choices=["native", "avx2"], default="native")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "thread", "process"],
+        default="wall",
+        help="thread: the caller's CPU time (with --threads 1 on a loaded host); process: "
+        "all threads' CPU time (with OMP_WAIT_POLICY=passive, so waiting is not counted)",
+    )
+    parser.add_argument("--hot", action="store_true", help="every layer reads layer 0's cache")
+    args = parser.parse_args()
+    clock = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}[
+        args.clock
+    ]
+    torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    tmp = Path("/tmp") / f"pagoda_dattn_ab_{os.getuid()}_{args.isa}"
+    old = build(stage(args.old, tmp / "old"), f"pagoda_dattn_old_{args.isa}", args.isa)
+    new = build(stage(None, tmp / "new"), f"pagoda_dattn_new_{args.isa}", args.isa)
+    gen = torch.Generator().manual_seed(0)
+    print(
+        f"load {os.getloadavg()[0]:.2f}, threads {args.threads}, {args.dtype}, isa {args.isa}, "
+        f"clock {args.clock}{', KV hot' if args.hot else ''}, "
+        f"old {args.old} vs working tree; per step = {LAYERS} layers"
+    )
+    for seqs in args.seqs:
+        print(measure(seqs, args, clock, dtype, {"old": old, "new": new}, gen))
+
+
+def measure(seqs: int, args, clock, dtype: torch.dtype, builds: dict, gen) -> str:
+    """One line: old and new at `seqs` sequences, and the plain read of their KV."""
+    lens = mixed_lens(seqs)
+    region, caches, tables, query, lens_t, rows, kv_bytes = step_inputs(lens, dtype, gen)
+    if args.hot:
+        caches = caches[:1].expand(LAYERS, *caches.shape[1:])
+    outs = {m: torch.empty(seqs, HEADS, DIM, dtype=dtype) for m in builds}
+
+    def step(module, out):
+        for layer in caches:
+            module.paged_attention_decode(
+                query, layer[0], layer[1], tables, lens_t, rows, out, 0.125, 0, 0, None, None
+            )
+
+    for which, module in builds.items():
+        step(module, outs[which])
+    diff = (outs["old"].float() - outs["new"].float()).abs().max().item()
+    times: dict[str, list[float]] = {"old": [], "new": [], "read": []}
+    for rep in range(args.reps):
+        order = list(builds.items())
+        for which, module in order if rep % 2 else order[::-1]:
+            start = clock()
+            step(module, outs[which])
+            times[which].append(clock() - start)
+        start = clock()
+        for layer in caches:
+            builds["old"].read_kv(layer[0], layer[1], tables, lens_t)
+        times["read"].append(clock() - start)
+    del region  # the caches view it until they go
+    best = {k: min(v) for k, v in times.items()}
+    cells = [
+        f"{k} {best[k] * 1e3:6.3f} / {statistics.median(times[k]) * 1e3:6.3f} ms "
+        f"({kv_bytes / best[k] / 1e9:5.1f} GB/s, {100 * best['read'] / best[k]:3.0f}%)"
+        for k in ("old", "new")
+    ]
+    return (
+        f"{seqs:3d} seqs, {min(lens)}-{max(lens)} tokens, {kv_bytes / 1e6:6.1f} MB KV: "
+        + " | ".join(cells)
+        + f" | new/old {best['new'] / best['old']:.3f} | read {best['read'] * 1e3:6.3f} ms "
+        f"({kv_bytes / best['read'] / 1e9:5.1f} GB/s) | max|old-new| {diff:.3g}"
+    )
+
+
+if __name__ == "__main__":
+    main()
