@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from kernels.cpu import load_half_f32_kernels
+from kernels.cpu import load_gemv_f32_kernels, load_half_f32_kernels
 from shared import env
 
 _PANEL = 16
@@ -40,6 +40,16 @@ def _kernels():
         return None
     kernels = load_half_f32_kernels()
     return kernels if kernels is not None and kernels.half_f32_supported() else None
+
+
+@functools.cache
+def _gemv_kernels():
+    """The 1-8 row GEMV over the same panels, where its build has AVX2+FMA+F16C."""
+    kernels = load_gemv_f32_kernels()
+    return kernels if kernels is not None and kernels.gemv_f32_supported() else None
+
+
+_GEMV_MAX_ROWS = 8
 
 
 def exact_half_dtype(weight: torch.Tensor) -> torch.dtype | None:
@@ -67,12 +77,19 @@ def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
     dtype = exact_half_dtype(weight)
     if dtype is None:
         return None
+    _gemv_kernels()  # built now, at load, not at the first decode step
     return kernels.pack_half_panels(weight.to(dtype))
 
 
 def half_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels."""
-    kernel = load_half_f32_kernels().half_panel_linear
+    """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels:
+    1-8 rows through the GEMV, more through the panel GEMM."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
+    if gemv is not None:
+        kernel = gemv.gemv_half_f32_linear
+    else:
+        kernel = load_half_f32_kernels().half_panel_linear
     if x.dim() == 2 and x.is_contiguous():
         return kernel(x, packed, bias)
     out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
