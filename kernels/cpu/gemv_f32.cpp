@@ -15,12 +15,13 @@
 //   prefetched kAheadBytes ahead; the second re-reads the panel from L1/L2, so
 //   the weights stream from DRAM once per call (that kernel runs 1 panel x 6
 //   rows, then the next rows over the panel again, with no prefetch),
+// * x packed per row group as [K, rows] (one broadcast stream, not one per row),
 // * panels handed out through an atomic counter, so a thread the (shared,
 //   loaded) host descheduled does not hold the linear up at its end.
 // Measured (bench/avx2_gemv_f32.py, emulated AVX2 on a Zen 5, one thread, CPU
-// time): SmolLM2's 30 layers + LM head at 8 rows 30.1 ms vs that kernel's 36.4
-// and oneDNN float32's 44.6; at 1-4 rows level with that kernel (1 row 9.8 ms,
-// 87-90% of a plain AVX2 read of the bf16 bytes, vs oneDNN float32's 30.8).
+// time, load 4-7): SmolLM2's 30 layers + LM head, that kernel's time x 0.77 at
+// 8 rows, 0.77 at 4, 0.91 at 2, level at 1 (9.1 ms: 82-91% of a plain AVX2
+// read of the bf16 bytes, where oneDNN float32 took 24.4 ms).
 // Tried: 2-4 panels at once (as gemv_bf16.cpp does) and prefetch at 1-4 rows:
 // 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5).
 // Each column's k steps are summed in U partial sums, added, then the bias:
@@ -36,6 +37,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGODA_GEMV_F32 1
@@ -58,7 +60,7 @@ inline __m256 widen8(const uint16_t* p) {
 }
 
 // R rows of one panel: dst + r * ldo gets row r's 16 outputs (+ bias, float32
-// [16] or null). x's row r is at x + r * K. U sets of accumulators take the k
+// [16] or null). x's (row r, k) is at x[k * R + r] (pack_row_groups). U sets of accumulators take the k
 // steps in turn (2R x U independent FMA chains), added at the end.
 template <bool kBf16, int R, int U, bool kPf>
 inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, const float* bias, float* dst,
@@ -74,7 +76,7 @@ inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, con
     const __m256 lo = widen8<kBf16>(panel + k * kPanel), hi = widen8<kBf16>(panel + k * kPanel + 8);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * k_len + k);
+      const __m256 a = _mm256_broadcast_ss(x + k * R + r);
       acc[u][r][0] = _mm256_fmadd_ps(a, lo, acc[u][r][0]);
       acc[u][r][1] = _mm256_fmadd_ps(a, hi, acc[u][r][1]);
     }
@@ -114,10 +116,28 @@ void run_rows(int rows, const float* x, int64_t k_len, const uint16_t* panel, co
   }
 }
 
+// x [rows, K] -> row groups of up to kRowGroup rows, each [K, its rows]: the
+// micro-kernel's broadcasts then read one sequential stream, not one per row
+// (at 2-4 rows, down_proj's K = 1536 rows of x, 6 KB apart, ran at 62% and 38%
+// of the read bandwidth where qkv's ran at 80% and 60%).
+const float* pack_row_groups(const float* x, int rows, int64_t k_len) {
+  if (rows == 1) return x;
+  static thread_local std::vector<float> packed;  // reused: no allocation per call
+  packed.resize(rows * k_len);
+  for (int r0 = 0; r0 < rows; r0 += kRowGroup) {
+    const int r = std::min(kRowGroup, rows - r0);
+    float* dst = packed.data() + r0 * k_len;
+    for (int64_t k = 0; k < k_len; ++k)
+      for (int i = 0; i < r; ++i) dst[k * r + i] = x[(r0 + i) * k_len + k];
+  }
+  return packed.data();
+}
+
 template <bool kBf16>
-void gemv(const float* x, int rows, int64_t k_len, const uint16_t* packed, int64_t panels, const float* bias,
+void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, int64_t panels, const float* bias,
           float* out) {
   const int64_t n = panels * kPanel;
+  const float* x = pack_row_groups(x_rows, rows, k_len);
   // Prefetch only where the FMAs, not the stream, set the pace (5-8 rows): at
   // 1-4 rows the hardware prefetcher alone kept up better.
   const bool prefetch = rows > kRowGroup;
