@@ -16,7 +16,8 @@ compute threads (the engine's own default is every core); with --threads 1,
 `--clock thread` (the calling thread's CPU time, where the offline engine
 steps) leaves out other threads' spinning. `half-gemm` (with --gemv-ab) is
 the half engine with the 1-8 row GEMV (gemv_f32.cpp) off: every row count
-through gemm_half_f32.cpp, as before it.
+through gemm_half_f32.cpp, as before it. `half-copy` (with --copy-ab):
+PAGODA_CPU_HALF_WEIGHTS=copy, more than 8 rows through oneDNN's float32 copy.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from worker import LLM, SamplingParams
 logger = get_logger(__name__)
 
 
-def engine(path: str, half: bool, threads: int) -> LLM:
+def engine(path: str, half: str, threads: int) -> LLM:
     from worker.layers import cpu_half_f32
 
-    os.environ["PAGODA_CPU_HALF_WEIGHTS"] = "1" if half else "0"
+    os.environ["PAGODA_CPU_HALF_WEIGHTS"] = half
     cpu_half_f32._kernels.cache_clear()
     return LLM(
         path,
@@ -78,11 +79,13 @@ def main() -> None:
     from worker.layers import cpu_half_f32
 
     _GEMV = cpu_half_f32._gemv_kernels
-    half = engine(args.model, True, args.threads)
-    engines = {"half": half, "float32": engine(args.model, False, args.threads)}
+    half = engine(args.model, "1", args.threads)
+    engines = {"half": half, "float32": engine(args.model, "0", args.threads)}
     gemv_on = {"half": True, "float32": True}
     if args.gemv_ab:
         engines["half-gemm"], gemv_on["half-gemm"] = half, False
+    if args.copy_ab:
+        engines["half-copy"], gemv_on["half-copy"] = engine(args.model, "copy", args.threads), True
     for name, llm in engines.items():
         runner = llm.engine.core.runner
         print(f"{name}: weights {runner.weights_bytes / 2**20:.1f} MiB as stored")
@@ -96,6 +99,16 @@ def main() -> None:
             prompts(1, 16),
             SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
             64,
+        ),
+        "decode c=4": (
+            prompts(4, 16),
+            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+            128,
+        ),
+        "decode c=8": (
+            prompts(8, 16),
+            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+            256,
         ),
         "decode c=32": (
             prompts(32, 16),

@@ -58,3 +58,27 @@ def test_without_the_gemv_every_row_count_takes_the_gemm(calls, monkeypatch):
     monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: None)
     cpu_half_f32.half_linear(torch.zeros(1, 8), PACKED, None)
     assert calls == [("gemm", 1)]
+
+
+def test_a_float32_copy_takes_more_than_8_rows(calls, monkeypatch):
+    f32 = torch.zeros(48, 8)
+    seen = []
+
+    def packed_linear(x, weight, bias):
+        seen.append(x.shape[0])
+        assert weight is f32
+        return torch.zeros(x.shape[0], 48)
+
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "packed_linear", packed_linear)
+    cpu_half_f32.half_linear(torch.zeros(8, 8), PACKED, None, f32)
+    cpu_half_f32.half_linear(torch.zeros(9, 8), PACKED, None, f32)
+    assert calls == [("gemv", 8)] and seen == [9]
+
+
+@pytest.mark.parametrize(("setting", "copies"), [("copy", True), ("1", False), ("0", False)])
+def test_the_float32_copy_only_where_asked(monkeypatch, setting, copies):
+    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", setting)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "can_pack", lambda w: True)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "pack", lambda w: w + 1)
+    copy = cpu_half_f32.float32_copy(torch.zeros(16, 8))
+    assert (copy is not None) == copies
