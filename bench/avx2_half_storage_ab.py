@@ -69,6 +69,9 @@ def main() -> None:
     parser.add_argument(
         "--gemv-ab", action="store_true", help="also the half engine without the GEMV"
     )
+    parser.add_argument(
+        "--copy-ab", action="store_true", help="also half storage with float32 copies (copy)"
+    )
     parser.add_argument("--workloads", default="decode c=1,decode c=32,prefill 4x256")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

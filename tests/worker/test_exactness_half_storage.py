@@ -39,12 +39,19 @@ def _linear_weights(llm: LLM) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biased qkv
-def test_bf16_checkpoint_runs_float32_over_bf16_weights(avx2_cpu, make_checkpoint, hf_greedy, arch):
+def test_bf16_checkpoint_runs_float32_over_bf16_weights(
+    avx2_cpu, make_checkpoint, hf_greedy, arch, monkeypatch
+):
+    # PAGODA_CPU_HALF_WEIGHTS=1: no float32 copies; more than 8 rows (prefill)
+    # through gemm_half_f32.cpp.
+    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "1")
     path = make_checkpoint(arch, dtype=torch.bfloat16)
     prompts = random_prompts([1, 5, 13, 30], seed=4)
     llm = LLM(str(path), **ENGINE)
     weights = _linear_weights(llm)
     assert weights and all(w.dtype == torch.bfloat16 and w.dim() == 3 for w in weights)
+    model = llm.engine.core.runner.model
+    assert all(m.weight_f32 is None for m in model.modules() if isinstance(m, LinearBase))
     head = llm.engine.core.runner.model.lm_head
     assert head.packed_is_half_f32 and head.packed_weight.dtype == torch.bfloat16
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
@@ -52,9 +59,9 @@ def test_bf16_checkpoint_runs_float32_over_bf16_weights(avx2_cpu, make_checkpoin
 
 
 def test_bf16_checkpoint_with_float32_copies(avx2_cpu, make_checkpoint, hf_greedy, monkeypatch):
-    # PAGODA_CPU_HALF_WEIGHTS=copy: 1-8 rows over the bf16 panels (the GEMV),
-    # more (the prefill steps here) through oneDNN's float32 copy.
-    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "copy")
+    # PAGODA_CPU_HALF_WEIGHTS=copy (the default): 1-8 rows over the bf16 panels
+    # (the GEMV), more (the prefill steps here) through oneDNN's float32 copy.
+    monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
     path = make_checkpoint("llama", dtype=torch.bfloat16)
     prompts = random_prompts([1, 5, 13, 30], seed=5)
     llm = LLM(str(path), **ENGINE)

@@ -11,12 +11,19 @@ float32, so greedy output does not change, with half the weight bytes. A float32
 checkpoint's weights are not exact halves and stay in float32 (oneDNN's path,
 worker/layers/cpu_packed.py).
 
-Measured (AVX2 build on a Zen 5, one thread, CPU time; bench/avx2_half_linear.py):
-against oneDNN's prepacked float32 linear, 0.3-0.8x the time at 1-8 rows
-(decode at low concurrency: the weight stream halves) and 0.95-1.0x from 16 to
-1024 rows on SmolLM2's qkv/gate_up/o, 1.13x on down_proj at 1024 rows. The
-kernel serves every row count: keeping a float32 copy for prefill would undo
-the memory saving. The plain twin is F.linear(x, weight.float(), bias).
+By rows (half_linear): 1-8 (decode at low concurrency) through the GEMV
+(kernels/cpu/gemv_f32.cpp), which streams the bf16 panels at 82-91% of a plain
+read at one row; more through oneDNN's float32 copy (float32_copy) where
+PAGODA_CPU_HALF_WEIGHTS=copy, the default, else through gemm_half_f32.cpp,
+which is compute-bound there at 0.87-0.95x oneDNN's speed. Emulated AVX2 on a
+Zen 5, one thread, CPU time (bench/results/avx2-gemv/): SmolLM2's linears at
+one row 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32); the engine's one-stream
+decode 0.35-0.54x the time of float32 storage, 4-8 streams 0.47-0.76x,
+32 streams and prefill level with the copy (1.05-1.23x at 32 streams without).
+The copy costs memory: the half panels on top of the float32 weights, 1.5x the
+float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32 storage and
+382 MB for `1`, which keeps the half panels alone). The plain
+twin is F.linear(x, weight.float(), bias).
 """
 
 from __future__ import annotations

@@ -75,9 +75,14 @@ def test_a_float32_copy_takes_more_than_8_rows(calls, monkeypatch):
     assert calls == [("gemv", 8)] and seen == [9]
 
 
-@pytest.mark.parametrize(("setting", "copies"), [("copy", True), ("1", False), ("0", False)])
+@pytest.mark.parametrize(
+    ("setting", "copies"), [(None, True), ("copy", True), ("1", False), ("0", False)]
+)
 def test_the_float32_copy_only_where_asked(monkeypatch, setting, copies):
-    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", setting)
+    if setting is None:  # the default
+        monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    else:
+        monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", setting)
     monkeypatch.setattr(cpu_half_f32.cpu_packed, "can_pack", lambda w: True)
     monkeypatch.setattr(cpu_half_f32.cpu_packed, "pack", lambda w: w + 1)
     copy = cpu_half_f32.float32_copy(torch.zeros(16, 8))
