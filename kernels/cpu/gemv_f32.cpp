@@ -16,8 +16,8 @@
 //   the weights stream from DRAM once per call (that kernel runs 1 panel x 6
 //   rows, then the next rows over the panel again, with no prefetch),
 // * x packed per row group as [K, rows] (one broadcast stream, not one per row),
-// * panels handed out through an atomic counter, so a thread the (shared,
-//   loaded) host descheduled does not hold the linear up at its end.
+// * runs of panels handed out through an atomic counter, so a thread the
+//   (shared, loaded) host descheduled does not hold the linear up at its end.
 // Measured (bench/avx2_gemv_f32.py, emulated AVX2 on a Zen 5, one thread, CPU
 // time, load 4-7): SmolLM2's 30 layers + LM head, that kernel's time x 0.77 at
 // 8 rows, 0.77 at 4, 0.91 at 2, level at 1 (9.1 ms: 82-91% of a plain AVX2
@@ -50,6 +50,7 @@ constexpr int kPanel = 16;  // output columns per panel (pack_half_panels)
 constexpr int kMaxRows = 8;
 constexpr int kRowGroup = 4;  // rows per pass over a panel: 8 accumulators
 constexpr int kAheadBytes = 1024;
+constexpr int64_t kChunksPerThread = 4;
 
 #ifdef PAGODA_GEMV_F32
 template <bool kBf16>
@@ -141,19 +142,29 @@ void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, 
   // Prefetch only where the FMAs, not the stream, set the pace (5-8 rows): at
   // 1-4 rows the hardware prefetcher alone kept up better.
   const bool prefetch = rows > kRowGroup;
+  // Contiguous runs of panels, kChunksPerThread per thread, from an atomic
+  // counter. One panel per fetch (0.5-1 us of work at one row) ran at 0.6x the
+  // static split's speed on 2 threads: the counter's line moving between cores
+  // on every fetch.
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, panels / (threads * kChunksPerThread));
+  const int64_t chunks = (panels + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t p; (p = next.fetch_add(1, std::memory_order_relaxed)) < panels;) {
-      const uint16_t* panel = packed + p * k_len * kPanel;
-      const float* b = bias != nullptr ? bias + p * kPanel : nullptr;
-      // 5-8 rows: the first four stream the panel in, the rest read it from cache.
-      for (int r0 = 0; r0 < rows; r0 += kRowGroup) {
-        const int r = std::min(kRowGroup, rows - r0);
-        float* dst = out + r0 * n + p * kPanel;
-        if (prefetch)
-          run_rows<kBf16, true>(r, x + r0 * k_len, k_len, panel, b, dst, n);
-        else
-          run_rows<kBf16, false>(r, x + r0 * k_len, k_len, panel, b, dst, n);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      const int64_t end = std::min(panels, (c + 1) * chunk);
+      for (int64_t p = c * chunk; p < end; ++p) {
+        const uint16_t* panel = packed + p * k_len * kPanel;
+        const float* b = bias != nullptr ? bias + p * kPanel : nullptr;
+        // 5-8 rows: the first four stream the panel in, the rest read it from cache.
+        for (int r0 = 0; r0 < rows; r0 += kRowGroup) {
+          const int r = std::min(kRowGroup, rows - r0);
+          float* dst = out + r0 * n + p * kPanel;
+          if (prefetch)
+            run_rows<kBf16, true>(r, x + r0 * k_len, k_len, panel, b, dst, n);
+          else
+            run_rows<kBf16, false>(r, x + r0 * k_len, k_len, panel, b, dst, n);
+        }
       }
     }
   });
