@@ -11,7 +11,13 @@ workloads in alternating rounds: one stream decoding (concurrency 1), 32
 streams decoding, and a prefill of 4 x 256 tokens. It prints per workload the
 median time of each engine (CPU time of the process with --clock cpu, the
 default: a loaded machine's preemption is not charged; wall on a quiet one),
-and checks both engines gave the same tokens.
+and checks both engines gave the same tokens. The engines run --threads
+compute threads (the engine's own default is every core); with --threads 1,
+`--clock thread` (the calling thread's CPU time, where the offline engine
+steps) leaves out other threads' spinning. `half-gemm` (with --gemv-ab) is
+the half engine with the 1-8 row GEMV (gemv_f32.cpp) off: every row count
+through gemm_half_f32.cpp, as before it. `half-copy` (with --copy-ab):
+PAGODA_CPU_HALF_WEIGHTS=copy, more than 8 rows through oneDNN's float32 copy.
 """
 
 from __future__ import annotations
@@ -29,12 +35,29 @@ from worker import LLM, SamplingParams
 logger = get_logger(__name__)
 
 
-def engine(path: str, half: bool) -> LLM:
+def engine(path: str, half: str, threads: int) -> LLM:
     from worker.layers import cpu_half_f32
 
-    os.environ["PAGODA_CPU_HALF_WEIGHTS"] = "1" if half else "0"
+    os.environ["PAGODA_CPU_HALF_WEIGHTS"] = half
     cpu_half_f32._kernels.cache_clear()
-    return LLM(path, dtype="auto", max_model_len=512, num_kv_blocks=2048, block_size=16)
+    return LLM(
+        path,
+        dtype="auto",
+        max_model_len=512,
+        num_kv_blocks=2048,
+        block_size=16,
+        cpu_threads=threads,
+    )
+
+
+def gemv_switch(on: bool) -> None:
+    """The half engines' GEMV on or off (read at every call, so per round)."""
+    from worker.layers import cpu_half_f32
+
+    cpu_half_f32._gemv_kernels = _GEMV if on else (lambda: None)
+
+
+_GEMV = None
 
 
 def main() -> None:
@@ -42,12 +65,30 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
+    parser.add_argument("--clock", default="cpu", choices=["cpu", "wall", "thread"])
+    parser.add_argument(
+        "--gemv-ab", action="store_true", help="also the half engine without the GEMV"
+    )
+    parser.add_argument(
+        "--copy-ab", action="store_true", help="also half storage with float32 copies (copy)"
+    )
     parser.add_argument("--workloads", default="decode c=1,decode c=32,prefill 4x256")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    engines = {"half": engine(args.model, True), "float32": engine(args.model, False)}
+    clock = {"cpu": time.process_time, "wall": time.perf_counter, "thread": time.thread_time}[
+        args.clock
+    ]
+    global _GEMV
+    from worker.layers import cpu_half_f32
+
+    _GEMV = cpu_half_f32._gemv_kernels
+    half = engine(args.model, "1", args.threads)
+    engines = {"half": half, "float32": engine(args.model, "0", args.threads)}
+    gemv_on = {"half": True, "float32": True}
+    if args.gemv_ab:
+        engines["half-gemm"], gemv_on["half-gemm"] = half, False
+    if args.copy_ab:
+        engines["half-copy"], gemv_on["half-copy"] = engine(args.model, "copy", args.threads), True
     for name, llm in engines.items():
         runner = llm.engine.core.runner
         print(f"{name}: weights {runner.weights_bytes / 2**20:.1f} MiB as stored")
@@ -61,6 +102,16 @@ def main() -> None:
             prompts(1, 16),
             SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
             64,
+        ),
+        "decode c=4": (
+            prompts(4, 16),
+            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+            128,
+        ),
+        "decode c=8": (
+            prompts(8, 16),
+            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+            256,
         ),
         "decode c=32": (
             prompts(32, 16),
@@ -80,18 +131,18 @@ def main() -> None:
         tokens: dict[str, list] = {}
         for _ in range(args.rounds):
             for ename, llm in engines.items():
+                gemv_switch(gemv_on[ename])
                 start = clock()
                 out = llm.generate(ps, sampling, detokenize=False)
                 times[ename].append(clock() - start)
                 tokens[ename] = [o.outputs[0].token_ids for o in out]
         med = {e: statistics.median(t) for e, t in times.items()}
-        same = tokens["half"] == tokens["float32"]
-        print(
-            f"{wname:14s} half {med['half'] * 1e3:8.1f} ms  float32 {med['float32'] * 1e3:8.1f} ms"
-            f"  half/float32 {med['half'] / med['float32']:.2f}"
-            f"  ({count / med['half']:.1f} vs {count / med['float32']:.1f} tok/s)"
-            f"  same tokens: {same}"
+        same = all(t == tokens["float32"] for t in tokens.values())
+        cells = "  ".join(
+            f"{e} {m * 1e3:8.1f} ms ({m / med['float32']:.2f}, {count / m:.1f} tok/s)"
+            for e, m in med.items()
         )
+        print(f"{wname:14s} {cells}  same tokens: {same}")
     print(f"load {os.getloadavg()}")
 
 

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         cpu.load_fp8_kv_kernels,
         cpu.load_half_f32_kernels,
         cpu.load_gemv_kernels,
+        cpu.load_gemv_f32_kernels,
     )
     missing = []
     for load in loaders:

@@ -51,9 +51,20 @@ def cpu_isa() -> str:
 def cpu_half_weights() -> bool:
     """Whether, on a CPU without native bf16, float32 linear weights that are exact
     bf16/fp16 values (a half checkpoint) are stored in that half dtype and widened
-    in registers (worker/layers/cpu_half_f32.py). Off unless set to 1: it pays for one
-    stream (decode 0.60x the time) but a 32-stream decode took 1.72x (AVX2 build, Zen 4)."""
-    return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "0") in ("1", "true", "True")
+    in registers (worker/layers/cpu_half_f32.py). PAGODA_CPU_HALF_WEIGHTS: `copy`
+    (the default: half panels for 1-8 rows, plus oneDNN's float32 copy for more),
+    `1` (half only: the least memory, batched decode 1.05-1.23x the time), `0`
+    (float32 only). Emulated AVX2, one thread: one-stream decode 0.35-0.54x the
+    float32 engine's time, 4-8 streams 0.47-0.76x, 32 streams and prefill level."""
+    value = os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy")
+    return value in ("1", "true", "True", "copy")
+
+
+def cpu_half_weights_copy() -> bool:
+    """Whether half-stored linears also keep a float32 copy for more than 8 rows
+    (PAGODA_CPU_HALF_WEIGHTS=copy, the default): batched decode and prefill at
+    oneDNN's float32 speed, for 1.5x the float32 linear weights' memory."""
+    return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy") == "copy"
 
 
 def cpu_prefill_kernel() -> bool:

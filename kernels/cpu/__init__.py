@@ -262,3 +262,14 @@ def load_gemv_kernels(isa: str | None = None) -> ModuleType | None:
     return _load(
         "pagoda_gemv", _GEMV_SOURCES, [Path(__file__).with_name("vec16.h")], isa or env.cpu_isa()
     )
+
+
+# The 1-8 row float32 GEMV over half panels (gemv_f32.cpp), for CPUs without
+# fast bf16: its own module, so a change to it rebuilds nothing else.
+_GEMV_F32_SOURCES = [Path(__file__).with_name("gemv_f32.cpp")]
+
+
+@cache
+def load_gemv_f32_kernels(isa: str | None = None) -> ModuleType | None:
+    """The half-storage float32 GEMV (gemv_f32.cpp), or None as load_cpu_kernels."""
+    return _load("pagoda_gemv_f32", _GEMV_F32_SOURCES, [], isa or env.cpu_isa())

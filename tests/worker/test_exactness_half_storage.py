@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import cpu_runs, load_half_f32_kernels
+from kernels.cpu import cpu_runs, load_gemv_f32_kernels, load_half_f32_kernels
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 from worker.layers import cpu_half_f32
@@ -21,14 +21,16 @@ ENGINE = dict(block_size=4, max_model_len=96, num_kv_blocks=200)
 
 @pytest.fixture
 def avx2_cpu(monkeypatch):
-    """The engine as on an AVX2-only CPU: no fast bf16, the AVX2 half kernels."""
+    """The engine as on an AVX2-only CPU: no fast bf16, the AVX2 half kernels
+    (the GEMM and the 1-8 row GEMV)."""
     if not cpu_runs("avx2"):
         pytest.skip("this CPU cannot run the AVX2 build (it lacks AVX2, FMA or F16C)")
-    kernels = load_half_f32_kernels("avx2")
-    if kernels is None:
+    kernels, gemv = load_half_f32_kernels("avx2"), load_gemv_f32_kernels("avx2")
+    if kernels is None or gemv is None:
         pytest.skip("no C++ toolchain to build the CPU kernels")
     monkeypatch.setattr("worker.runner.platform.cpu_has_fast_bf16", lambda: False)
     monkeypatch.setattr(cpu_half_f32, "_kernels", lambda: kernels)
+    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: gemv)
 
 
 def _linear_weights(llm: LLM) -> list[torch.Tensor]:
@@ -37,14 +39,38 @@ def _linear_weights(llm: LLM) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biased qkv
-def test_bf16_checkpoint_runs_float32_over_bf16_weights(avx2_cpu, make_checkpoint, hf_greedy, arch):
+def test_bf16_checkpoint_runs_float32_over_bf16_weights(
+    avx2_cpu, make_checkpoint, hf_greedy, arch, monkeypatch
+):
+    # PAGODA_CPU_HALF_WEIGHTS=1: no float32 copies; more than 8 rows (prefill)
+    # through gemm_half_f32.cpp.
+    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "1")
     path = make_checkpoint(arch, dtype=torch.bfloat16)
     prompts = random_prompts([1, 5, 13, 30], seed=4)
     llm = LLM(str(path), **ENGINE)
     weights = _linear_weights(llm)
     assert weights and all(w.dtype == torch.bfloat16 and w.dim() == 3 for w in weights)
+    model = llm.engine.core.runner.model
+    assert all(m.weight_f32 is None for m in model.modules() if isinstance(m, LinearBase))
     head = llm.engine.core.runner.model.lm_head
     assert head.packed_is_half_f32 and head.packed_weight.dtype == torch.bfloat16
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
+    assert got == hf_greedy(path, prompts, MAX_TOKENS)
+
+
+def test_bf16_checkpoint_with_float32_copies(avx2_cpu, make_checkpoint, hf_greedy, monkeypatch):
+    # PAGODA_CPU_HALF_WEIGHTS=copy (the default): 1-8 rows over the bf16 panels
+    # (the GEMV), more (the prefill steps here) through oneDNN's float32 copy.
+    monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    path = make_checkpoint("llama", dtype=torch.bfloat16)
+    prompts = random_prompts([1, 5, 13, 30], seed=5)
+    llm = LLM(str(path), **ENGINE)
+    model = llm.engine.core.runner.model
+    layers = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert layers and all(
+        m.weight.dtype == torch.bfloat16 and m.weight_f32 is not None for m in layers
+    )
+    assert model.lm_head.packed_f32 is not None
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
 

@@ -11,12 +11,19 @@ float32, so greedy output does not change, with half the weight bytes. A float32
 checkpoint's weights are not exact halves and stay in float32 (oneDNN's path,
 worker/layers/cpu_packed.py).
 
-Measured (AVX2 build on a Zen 5, one thread, CPU time; bench/avx2_half_linear.py):
-against oneDNN's prepacked float32 linear, 0.3-0.8x the time at 1-8 rows
-(decode at low concurrency: the weight stream halves) and 0.95-1.0x from 16 to
-1024 rows on SmolLM2's qkv/gate_up/o, 1.13x on down_proj at 1024 rows. The
-kernel serves every row count: keeping a float32 copy for prefill would undo
-the memory saving. The plain twin is F.linear(x, weight.float(), bias).
+By rows (half_linear): 1-8 (decode at low concurrency) through the GEMV
+(kernels/cpu/gemv_f32.cpp), which streams the bf16 panels at 82-91% of a plain
+read at one row; more through oneDNN's float32 copy (float32_copy) where
+PAGODA_CPU_HALF_WEIGHTS=copy, the default, else through gemm_half_f32.cpp,
+which is compute-bound there at 0.87-0.95x oneDNN's speed. Emulated AVX2 on a
+Zen 5, one thread, CPU time (bench/results/avx2-gemv/): SmolLM2's linears at
+one row 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32); the engine's one-stream
+decode 0.35-0.54x the time of float32 storage, 4-8 streams 0.47-0.76x,
+32 streams and prefill level with the copy (1.05-1.23x at 32 streams without).
+The copy costs memory: the half panels on top of the float32 weights, 1.5x the
+float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32 storage and
+382 MB for `1`, which keeps the half panels alone). The plain
+twin is F.linear(x, weight.float(), bias).
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ import functools
 
 import torch
 
-from kernels.cpu import load_half_f32_kernels
+from kernels.cpu import load_gemv_f32_kernels, load_half_f32_kernels
 from shared import env
+from worker.layers import cpu_packed
 
 _PANEL = 16
 
@@ -40,6 +48,16 @@ def _kernels():
         return None
     kernels = load_half_f32_kernels()
     return kernels if kernels is not None and kernels.half_f32_supported() else None
+
+
+@functools.cache
+def _gemv_kernels():
+    """The 1-8 row GEMV over the same panels, where its build has AVX2+FMA+F16C."""
+    kernels = load_gemv_f32_kernels()
+    return kernels if kernels is not None and kernels.gemv_f32_supported() else None
+
+
+_GEMV_MAX_ROWS = 8
 
 
 def exact_half_dtype(weight: torch.Tensor) -> torch.dtype | None:
@@ -67,12 +85,37 @@ def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
     dtype = exact_half_dtype(weight)
     if dtype is None:
         return None
+    _gemv_kernels()  # built now, at load, not at the first decode step
     return kernels.pack_half_panels(weight.to(dtype))
 
 
-def half_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels."""
-    kernel = load_half_f32_kernels().half_panel_linear
+def float32_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed float32 copy of float32 `weight` [N, K], kept beside its
+    half panels for more than 8 rows where PAGODA_CPU_HALF_WEIGHTS=copy; else None.
+    NOTE: call it only for a weight pack_if_lossless packed."""
+    if not env.cpu_half_weights_copy() or not cpu_packed.can_pack(weight):
+        return None
+    return cpu_packed.pack(weight)
+
+
+def half_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    f32: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels:
+    1-8 rows through the GEMV, more through `f32` (float32_copy's) where given,
+    else the panel GEMM. From 9 to 64 rows the GEMM is compute-bound and
+    0.87-0.95x oneDNN's speed (a 32-stream decode took 1.18-1.23x the time)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
+    if gemv is not None:
+        kernel = gemv.gemv_half_f32_linear
+    elif f32 is not None:
+        return cpu_packed.packed_linear(x, f32, bias)
+    else:
+        kernel = load_half_f32_kernels().half_panel_linear
     if x.dim() == 2 and x.is_contiguous():
         return kernel(x, packed, bias)
     out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)

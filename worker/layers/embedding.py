@@ -52,6 +52,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed_weight: torch.Tensor | None = None
     packed_is_half_f32 = False  # packed_weight is cpu_half_f32's panels, not cpu_packed's
+    packed_f32: torch.Tensor | None = None  # beside half panels: cpu_half_f32.float32_copy
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
@@ -61,13 +62,17 @@ class ParallelLMHead(VocabParallelEmbedding):
         # Half panels where lossless on a CPU without fast bf16 (cpu_half_f32.py).
         self.packed_weight = cpu_half_f32.pack_if_lossless(self.weight.data)
         self.packed_is_half_f32 = self.packed_weight is not None
+        if self.packed_is_half_f32:
+            self.packed_f32 = cpu_half_f32.float32_copy(self.weight.data)
         if self.packed_weight is None and cpu_packed.can_pack(self.weight):
             self.packed_weight = cpu_packed.pack(self.weight.data)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden_size] -> [num_seqs, vocab_size]"""
         if self.packed_is_half_f32:
-            logits = cpu_half_f32.half_linear(hidden_states, self.packed_weight, None)
+            logits = cpu_half_f32.half_linear(
+                hidden_states, self.packed_weight, None, self.packed_f32
+            )
         elif self.packed_weight is not None:
             logits = cpu_packed.packed_linear(hidden_states, self.packed_weight, None)
         else:

@@ -21,6 +21,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer):
         half = cpu_half_f32.pack_if_lossless(layer.weight.data)
         if half is not None:  # float32 compute over half storage (CPUs without fast bf16)
+            layer.weight_f32 = cpu_half_f32.float32_copy(layer.weight.data)  # or None
             layer.weight = nn.Parameter(half, requires_grad=False)
             layer.weight_is_half_f32 = True
         elif cpu_packed.can_pack(layer.weight):
@@ -30,7 +31,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer, x, bias):
         if getattr(layer, "weight_is_half_f32", False):
-            return cpu_half_f32.half_linear(x, layer.weight, bias)
+            return cpu_half_f32.half_linear(x, layer.weight, bias, layer.weight_f32)
         if getattr(layer, "weight_is_packed", False):
             return cpu_packed.packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)

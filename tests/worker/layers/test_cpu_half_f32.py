@@ -1,0 +1,89 @@
+"""Routing of the half-storage float32 linears by rows (worker/layers/cpu_half_f32.py):
+1-8 rows to the GEMV (gemv_f32.cpp), the rest to the panel GEMM (gemm_half_f32.cpp)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from worker.layers import cpu_half_f32
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Fake kernels that record which one ran and on what rows."""
+    seen: list[tuple[str, int]] = []
+
+    def kernel(name):
+        def run(x, packed, bias):
+            assert x.dim() == 2 and x.is_contiguous()
+            seen.append((name, x.shape[0]))
+            return torch.zeros(x.shape[0], packed.shape[0] * 16)
+
+        return run
+
+    gemv = SimpleNamespace(gemv_half_f32_linear=kernel("gemv"))
+    gemm = SimpleNamespace(half_panel_linear=kernel("gemm"))
+    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: gemv)
+    monkeypatch.setattr(cpu_half_f32, "load_half_f32_kernels", lambda: gemm)
+    return seen
+
+
+PACKED = torch.zeros(3, 8, 16, dtype=torch.bfloat16)  # N 48, K 8
+
+
+@pytest.mark.parametrize(
+    ("rows", "kernel"), [(1, "gemv"), (4, "gemv"), (8, "gemv"), (9, "gemm"), (64, "gemm")]
+)
+def test_rows_pick_the_kernel(calls, rows, kernel):
+    out = cpu_half_f32.half_linear(torch.zeros(rows, 8), PACKED, None)
+    assert out.shape == (rows, 48) and calls == [(kernel, rows)]
+
+
+def test_rows_are_counted_over_leading_dims(calls):
+    out = cpu_half_f32.half_linear(torch.zeros(2, 3, 8), PACKED, None)
+    assert out.shape == (2, 3, 48) and calls == [("gemv", 6)]
+    cpu_half_f32.half_linear(torch.zeros(3, 3, 8), PACKED, None)
+    assert calls[-1] == ("gemm", 9)
+
+
+def test_no_rows_go_to_the_gemm(calls):
+    assert cpu_half_f32.half_linear(torch.zeros(0, 8), PACKED, None).shape == (0, 48)
+    assert calls == [("gemm", 0)]
+
+
+def test_without_the_gemv_every_row_count_takes_the_gemm(calls, monkeypatch):
+    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: None)
+    cpu_half_f32.half_linear(torch.zeros(1, 8), PACKED, None)
+    assert calls == [("gemm", 1)]
+
+
+def test_a_float32_copy_takes_more_than_8_rows(calls, monkeypatch):
+    f32 = torch.zeros(48, 8)
+    seen = []
+
+    def packed_linear(x, weight, bias):
+        seen.append(x.shape[0])
+        assert weight is f32
+        return torch.zeros(x.shape[0], 48)
+
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "packed_linear", packed_linear)
+    cpu_half_f32.half_linear(torch.zeros(8, 8), PACKED, None, f32)
+    cpu_half_f32.half_linear(torch.zeros(9, 8), PACKED, None, f32)
+    assert calls == [("gemv", 8)] and seen == [9]
+
+
+@pytest.mark.parametrize(
+    ("setting", "copies"), [(None, True), ("copy", True), ("1", False), ("0", False)]
+)
+def test_the_float32_copy_only_where_asked(monkeypatch, setting, copies):
+    if setting is None:  # the default
+        monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    else:
+        monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", setting)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "can_pack", lambda w: True)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "pack", lambda w: w + 1)
+    copy = cpu_half_f32.float32_copy(torch.zeros(16, 8))
+    assert (copy is not None) == copies
