@@ -164,6 +164,7 @@ _PLAN_CATEGORIES = {
     "gate_up_silu": "linear: gate_up_proj",
     "down": "linear: down_proj",
     "rotary": "rotary",
+    "attend_qkv": "attention",  # RoPE + cache write + decode kernel, fused: rotary is in it
 }
 
 

@@ -7,7 +7,10 @@ goes through ~8 module forwards, the quant method, the packed-linear router
 thread time per layer that decides the same thing every step. Here those
 decisions are taken once per model: each layer becomes a `LayerPlan` of
 closures over the very kernels and arguments the module path would call, and
-`DecodePlan.forward` runs them in a flat loop. The kernels, their arguments and
+`DecodePlan.forward` runs them in a flat loop. On a decode-only step RoPE, the
+KV-cache write and the decode kernel go in one fused call from the QKV rows
+(rope_write_kv, kernels/cpu/elementwise.cpp; then the decode kernel), without
+the split, the views and the attention module. The kernels, their arguments and
 their order are those of the module path, so the results are bit for bit the
 same (tests/worker/models/test_decode_plan.py); the module path stays the twin.
 
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from worker.attention import forward_context
 from worker.layers import cpu_packed
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
@@ -33,7 +37,17 @@ class LayerPlan:
     """One decoder layer's calls. Attributes, not a tuple, so that bench/step_profile.py
     can wrap each with its category."""
 
-    __slots__ = ("attn", "down", "gate_up_silu", "in_norm", "o", "post_norm", "qkv", "rotary")
+    __slots__ = (
+        "attend_qkv",
+        "attn",
+        "down",
+        "gate_up_silu",
+        "in_norm",
+        "o",
+        "post_norm",
+        "qkv",
+        "rotary",
+    )
 
     def __init__(self, **calls: Callable) -> None:
         for name, call in calls.items():
@@ -56,9 +70,13 @@ class DecodePlan:
                 hidden = layer.in_norm(hidden, None)
             else:
                 hidden = layer.in_norm(hidden, residual)
-            q, k, v = layer.qkv(hidden).split_with_sizes(sizes, dim=-1)
-            layer.rotary(positions, q, k)  # in place
-            hidden = layer.o(layer.attn.forward(q, k, v))
+            qkv = layer.qkv(hidden)
+            out = layer.attend_qkv(qkv, positions)  # a decode-only step: one fused call
+            if out is None:
+                q, k, v = qkv.split_with_sizes(sizes, dim=-1)
+                layer.rotary(positions, q, k)  # in place
+                out = layer.attn.forward(q, k, v)
+            hidden = layer.o(out)
             hidden = layer.post_norm(hidden, residual)
             hidden = layer.down(layer.gate_up_silu(hidden))
         return self.final_norm(hidden, residual)
@@ -104,6 +122,7 @@ def build_decode_plan(model) -> DecodePlan | None:
                 qkv=_linear(gemv.gemv_bf16_linear, attn.qkv_proj),
                 rotary=_rotary(elementwise, rope),
                 attn=attn.attn,
+                attend_qkv=_attend_qkv(attn.attn, rope),
                 o=_linear(gemv.gemv_bf16_linear, attn.o_proj),
                 post_norm=_norm(elementwise, layer.post_attention_layernorm),
                 gate_up_silu=_linear(gemv.gemv_bf16_linear_silu, gate_up),
@@ -142,6 +161,22 @@ def _norm(kernels, norm) -> Callable:
         if residual is None:
             return rms_norm(x, weight, eps)
         return add_rms_norm(x, residual, weight, eps)  # residual += x, in place
+
+    return call
+
+
+def _attend_qkv(attn, rope) -> Callable:
+    """RoPE, cache write and decode attention from the QKV rows, where the layer's
+    bound attention has that path (the CPU kernels' one, worker/attention/backends/
+    cpu_bound.py) and the step is decode-only; else None, and nothing done."""
+    cos, sin = rope.cos_cache, rope.sin_cache
+
+    def call(qkv, positions):
+        # Read per step: binding a new cache or backend drops the layer's binding.
+        fused = getattr(attn._bound, "decode_qkv", None)
+        if fused is None:
+            return None
+        return fused(qkv, positions, cos, sin, forward_context._current)
 
     return call
 

@@ -41,6 +41,8 @@ def test_plan_matches_the_module_path(make_checkpoint, arch):
     batches = [random_prompts([11], seed=3), random_prompts([5, 17, 9, 30], seed=4)]
     with_plan = [_generate(llm, prompts) for prompts in batches]
     assert model.decode_plan not in (None, False), "the plan was not built"
+    bound = model.layers[0].self_attn.attn._bound
+    assert getattr(bound, "decode_qkv", None) is not None, "no fused decode attention"
     model.decode_plan = None  # the module path from now on
     without = [_generate(llm, prompts) for prompts in batches]
     assert with_plan == without
