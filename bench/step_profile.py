@@ -116,6 +116,7 @@ def instrument(llm, attribution: Attribution, steps: StepLog, stack: ExitStack) 
         if category.startswith("linear") and hasattr(module, "silu_and_mul"):
             _patch(stack, module, "silu_and_mul", attribution, category, [])
     wrapped.append(f"{sum(1 for _ in model.modules())} model modules")
+    _instrument_decode_plan(getattr(model, "model", None), attribution, stack, wrapped)
     _patch(stack, model, "compute_logits", attribution, "linear: lm_head", wrapped)
     _patch(stack, runner, "sampler", attribution, "sampling", wrapped)
     for attr in ("build_step_inputs", "build_sampling_metadata"):
@@ -151,6 +152,36 @@ def instrument(llm, attribution: Attribution, steps: StepLog, stack: ExitStack) 
     stack.callback(delattr, engine, "step")
     wrapped.append("engine.step")
     return wrapped
+
+
+# A decode plan's bound calls (worker/models/decode_plan.py) and their categories;
+# its attention is the Attention module, whose forward is wrapped above.
+_PLAN_CATEGORIES = {
+    "in_norm": "norms",
+    "post_norm": "norms",
+    "qkv": "linear: qkv_proj",
+    "o": "linear: o_proj",
+    "gate_up_silu": "linear: gate_up_proj",
+    "down": "linear: down_proj",
+    "rotary": "rotary",
+    "attend_qkv": "attention",  # RoPE + cache write + decode kernel, fused: rotary is in it
+}
+
+
+def _instrument_decode_plan(decoder, attribution: Attribution, stack: ExitStack, wrapped) -> None:
+    """Steps of 1-4 rows bypass the module forwards: wrap the plan's calls instead."""
+    plan = getattr(decoder, "decode_plan", None)
+    if not plan:  # None or False (not built: warm_up decodes, so it would be)
+        return
+    for layer in plan.layers:  # __slots__: restore by setattr, never delattr
+        for attr, category in _PLAN_CATEGORIES.items():
+            original = getattr(layer, attr)
+            setattr(layer, attr, attribution.wrap(original, category))
+            stack.callback(setattr, layer, attr, original)
+    original = plan.final_norm
+    plan.final_norm = attribution.wrap(original, "norms")
+    stack.callback(setattr, plan, "final_norm", original)
+    wrapped.append(f"decode plan ({len(plan.layers)} layers)")
 
 
 def timer_overhead_s(clock=time.perf_counter, n: int = 20000) -> float:

@@ -18,13 +18,18 @@
 //                            key [num_tokens, num_kv_heads * head_dim] (row stride free),
 //                            positions [num_tokens] int64,
 //                            cos/sin_cache [max_position, head_dim] (both halves equal)
-// The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py.
+//   rope_write_kv:           qkv [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim] (row
+//                            stride free), positions and slot_mapping [num_tokens] int64,
+//                            key/value_cache [num_blocks, block_size, num_kv_heads, head_dim]
+// The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py (rope_write_kv:
+// rotary.py's, then write_kv_reference in kernels/paged_attention_reference.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "vec16.h"
 
@@ -245,4 +250,69 @@ void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Ten
                      head_dim, max_position, rotate_head_f32);
   rope_rows(query, key, positions, bits(cos_cache), bits(sin_cache), head_dim, max_position,
             rotate_head_bf16);
+}
+
+namespace {
+
+// Decode steps (1-4 rows): RoPE on the fused QKV rows in place, then each row's
+// rotated K and its V copied into their cache slot. The same rotations as
+// rotary_embedding and the same copies as write_kv_cache (cache_write.cpp), in
+// one call instead of two plus three views: a batch-1 step makes 30 of them.
+// Serial over rows: it is called for a handful of rows, where a parallel region
+// costs more than the work.
+template <typename T, typename Rotate>
+void rope_write_rows(torch::Tensor& qkv, const int64_t* pos, const T* cp, const T* sp,
+                     T* kc, T* vc, const int64_t* slots, int64_t num_heads, int64_t num_kv_heads,
+                     int64_t head_dim, Rotate rotate) {
+  const int64_t rows = qkv.size(0), half = head_dim / 2, stride = qkv.stride(0);
+  const int64_t kv_width = num_kv_heads * head_dim;
+  T* base = static_cast<T*>(qkv.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = base + r * stride;
+    const T* c = cp + pos[r] * head_dim;
+    const T* s = sp + pos[r] * head_dim;
+    for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rotate(row + h * head_dim, c, s, half);
+    const T* k = row + num_heads * head_dim;
+    std::memcpy(kc + slots[r] * kv_width, k, kv_width * sizeof(T));
+    std::memcpy(vc + slots[r] * kv_width, k + kv_width, kv_width * sizeof(T));
+  }
+}
+
+}  // namespace
+
+void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos_cache,
+                   const torch::Tensor& sin_cache, torch::Tensor& key_cache, torch::Tensor& value_cache,
+                   const torch::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
+                   int64_t head_dim) {
+  const bool f32 = qkv.scalar_type() == torch::kFloat;
+  TORCH_CHECK(f32 || qkv.scalar_type() == torch::kBFloat16, "qkv must be bfloat16 or float32");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [rows, cols] with unit column stride");
+  TORCH_CHECK(head_dim % 2 == 0 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim,
+              "qkv must be [rows, (num_heads + 2 * num_kv_heads) * head_dim], head_dim even");
+  const int64_t rows = qkv.size(0);
+  for (const torch::Tensor* t : {&positions, &slot_mapping})
+    TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->numel() == rows,
+                "positions and slot_mapping must be contiguous int64, one per row");
+  for (const torch::Tensor* t :
+       std::initializer_list<const torch::Tensor*>{&cos_cache, &sin_cache, &key_cache, &value_cache})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == qkv.scalar_type(),
+                "cos/sin caches and KV caches must be contiguous, in qkv's dtype");
+  TORCH_CHECK(cos_cache.size(1) == head_dim && sin_cache.sizes() == cos_cache.sizes(),
+              "cos/sin caches must be [max_position, head_dim]");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes() &&
+                  key_cache.size(2) == num_kv_heads && key_cache.size(3) == head_dim,
+              "KV caches must be [num_blocks, block_size, num_kv_heads, head_dim]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t max_position = cos_cache.size(0), num_slots = key_cache.size(0) * key_cache.size(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_position, "rope_write_kv: position ", pos[r], " out of range");
+    TORCH_CHECK(slots[r] >= 0 && slots[r] < num_slots, "rope_write_kv: slot ", slots[r], " out of range");
+  }
+  if (f32)
+    return rope_write_rows(qkv, pos, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
+                           key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), slots, num_heads,
+                           num_kv_heads, head_dim, rotate_head_f32);
+  rope_write_rows(qkv, pos, bits(cos_cache), bits(sin_cache), mutable_bits(key_cache),
+                  mutable_bits(value_cache), slots, num_heads, num_kv_heads, head_dim, rotate_head_bf16);
 }

@@ -37,6 +37,10 @@ torch::Tensor silu_and_mul(const torch::Tensor& x);
 void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Tensor& positions,
                       const torch::Tensor& cos_cache, const torch::Tensor& sin_cache,
                       int64_t head_dim);
+void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos_cache,
+                   const torch::Tensor& sin_cache, torch::Tensor& key_cache, torch::Tensor& value_cache,
+                   const torch::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
+                   int64_t head_dim);
 
 // NOTE: every kernel runs without the GIL (its body touches no Python object;
 // arguments are converted before the guard and the result after it), so the
@@ -72,4 +76,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of it", release_gil());
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [tokens, 2 * d] bf16 or float32", release_gil());
   m.def("rotary_embedding", &rotary_embedding, "NeoX-style RoPE in place on bf16 or float32 q and k", release_gil());
+  m.def("rope_write_kv", &rope_write_kv,
+        "RoPE in place on fused QKV rows, then their K and V into the cache slots", release_gil());
 }

@@ -131,3 +131,48 @@ def test_float32_rotary_in_place_matches_twin(monkeypatch):
     assert (out_q - expected_q).abs().max() <= tolerance
     assert (out_k - expected_k).abs().max() <= tolerance
     assert torch.equal(fv, qkv[:, 768:])  # v untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_write_kv_equals_rotary_then_cache_write(monkeypatch, dtype):
+    """The decode plan's fused call on fused QKV rows: RoPE in place, then K and V
+    into their slots, as the rotary then the cache write."""
+    from kernels.paged_attention_reference import write_kv_reference
+
+    torch.manual_seed(7)
+    heads, kv_heads, head_dim, rows = 9, 3, 64, 4
+    rope = RotaryEmbedding(head_dim, 4096, RopeSpec(theta=100000.0), dtype)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    positions = torch.tensor([0, 17, 4095, 300])
+    slots = torch.tensor([5, 0, 39, 22])
+    caches = torch.randn(2, 10, 4, kv_heads, head_dim).to(dtype)  # [K | V], 10 blocks of 4
+
+    expected, expected_caches = qkv.clone(), caches.clone()
+    q, k, v = expected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    if dtype == torch.bfloat16:  # the plain-PyTorch rotary: bit for bit in bf16
+        rotated = twin(monkeypatch, lambda: rope(positions, q.clone(), k.clone()))
+        q.copy_(rotated[0]), k.copy_(rotated[1])
+    else:  # float32: the C++ rotary (within rounding of its twin, tested above)
+        rope(positions, q, k)
+    shape = (rows, kv_heads, head_dim)
+    write_kv_reference(k.view(shape), v.view(shape), *expected_caches, slots)
+
+    fused, got_caches = qkv.clone(), caches.clone()
+    key_cache, value_cache = got_caches
+    kernels.rope_write_kv(
+        fused, positions, rope.cos_cache, rope.sin_cache, key_cache, value_cache, slots,
+        heads, kv_heads, head_dim,
+    )  # fmt: skip
+    assert torch.equal(fused, expected)
+    assert torch.equal(got_caches, expected_caches)
+
+
+def test_rope_write_kv_checks_its_slots():
+    rope = RotaryEmbedding(64, 128, RopeSpec(), torch.bfloat16)
+    qkv = bf16(1, 5 * 64)
+    caches = bf16(2, 2, 4, 1, 64)
+    with pytest.raises(RuntimeError, match="slot"):
+        kernels.rope_write_kv(
+            qkv, torch.tensor([3]), rope.cos_cache, rope.sin_cache, caches[0], caches[1],
+            torch.tensor([8]), 3, 1, 64,
+        )  # fmt: skip

@@ -104,4 +104,43 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
                     )
         return pair[1]
 
+    rope_write_kv = kernels.rope_write_kv
+
+    def decode_qkv(qkv, positions, cos_cache, sin_cache, plan):
+        """A decode-only step from the fused QKV rows (worker/models/decode_plan.py):
+        RoPE and the cache write in one kernel, then the decode kernel; None (nothing
+        done) for any other step, which takes the rotary module and `attend`."""
+        if plan.prefills or not plan.decode_seq_ids or (plan.cascade_blocks and cascade_ok):
+            return None
+        num_tokens = qkv.shape[0]
+        rope_write_kv(
+            qkv,
+            positions,
+            cos_cache,
+            sin_cache,
+            key_cache,
+            value_cache,
+            plan.slot_mapping,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
+        pair = plan.outputs.get(out_key)
+        if pair is None:
+            pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
+        query = qkv.as_strided((num_tokens, num_heads, head_dim), (qkv.stride(0), head_dim, 1))
+        decode(
+            query,
+            key_cache,
+            value_cache,
+            plan.decode_block_tables,
+            plan.decode_seq_lens,
+            plan.decode_rows,
+            pair[0],
+            scale,
+            window_arg,
+        )
+        return pair[1]
+
+    attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
     return attend
