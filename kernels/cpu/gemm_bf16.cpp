@@ -46,7 +46,7 @@ constexpr int kPanel = 32;  // output columns per panel: two 16-lane accumulator
 // Lines [0, lines) from pf (may be null) are prefetched into L2 along the way.
 template <int kRows>
 inline void panel_block(const uint16_t* x, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
-                        int64_t ldo, const char* pf, int64_t lines) {
+                        int64_t ldo, const char* pf, int64_t lines, bool stream) {
   __m512 acc[kRows][2];
   const __m512 b0 = bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
@@ -68,6 +68,14 @@ inline void panel_block(const uint16_t* x, int64_t k, const uint16_t* panel, con
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
     }
   }
+  if (stream) {  // whole 64-byte lines past the caches (see kStreamAbove)
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(acc[r][0])),
+                                              (__m256i)_mm512_cvtneps_pbh(acc[r][1]), 1);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + r * ldo), line);
+    }
+    return;
+  }
   for (int r = 0; r < kRows; ++r) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r][0]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 16), (__m256i)_mm512_cvtneps_pbh(acc[r][1]));
@@ -82,14 +90,20 @@ constexpr int kMaxRows = 12;  // 24 accumulators + 2 panel registers of 32
 // (256 KB chunks): qkv 404 -> 492 (494), o 411 -> 478 (473), gate_up+silu
 // 352 -> 436 (398), down 335 -> 494 (462); at 2048 rows 1.0-1.1x.
 constexpr int64_t kChunkBytes = 128 * 1024;
+// An output past L2 (SmolLM2's LM head at 36 rows: 3.5 MB) is written with
+// streaming stores: otherwise every 64-byte row slice of a panel misses L2 and
+// is read in before it is written, and the bursts of misses at each block's end
+// stall the weight stream (one thread, 36 rows: 68% of the peak against 81-87%
+// for the layers' linears).
+constexpr int64_t kStreamAbove = 1024 * 1024;
 constexpr int64_t kChunkAbove = 1024 * 1024;
 
 void run_block(int rows, const uint16_t* x, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
-               int64_t ldo, const char* pf, int64_t lines) {
+               int64_t ldo, const char* pf, int64_t lines, bool stream = false) {
   switch (rows) {
 #define PAGODA_ROWS(r) \
   case r:              \
-    return panel_block<r>(x, k, panel, bias, out, ldo, pf, lines);
+    return panel_block<r>(x, k, panel, bias, out, ldo, pf, lines, stream);
     PAGODA_ROWS(1) PAGODA_ROWS(2) PAGODA_ROWS(3) PAGODA_ROWS(4) PAGODA_ROWS(5) PAGODA_ROWS(6)
     PAGODA_ROWS(7) PAGODA_ROWS(8) PAGODA_ROWS(9) PAGODA_ROWS(10) PAGODA_ROWS(11) PAGODA_ROWS(12)
 #undef PAGODA_ROWS
@@ -332,6 +346,7 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
   // ahead rather than one: 30 SmolLM2 layers, weights cold, 0.95-0.98x at 1-64
   // rows (a thread's second unit gets no software prefetch).
   const int64_t panel_lines = k * kPanel * 2 / 64, slice = (panel_lines + nb - 1) / nb;
+  const bool stream = !silu && m * n_out * 2 > kStreamAbove && reinterpret_cast<uintptr_t>(op) % 64 == 0;
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t u = next_unit++, a1 = next_unit++; u < units;) {
@@ -344,13 +359,14 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
                                                                                  : panel_of(after + units);
           const int64_t first = std::min(j * slice, panel_lines), lines = std::min(slice, panel_lines - first);
           run_block(rows, xp + r * k, k, panel, b, o, ldo,
-                    next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + 64 * first, lines);
+                    next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + 64 * first, lines, stream);
         });
         r += rows;
       }
       u = a1;
       a1 = after;
     }
+    if (stream) _mm_sfence();  // the streamed lines visible before the linear returns
   });
 #else
   (void)silu;

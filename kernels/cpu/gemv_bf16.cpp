@@ -1,13 +1,13 @@
-// bf16 linears for 1-4 rows (batch-1..4 decode and the LM head of one
-// sequence) on CPUs with AVX512-BF16, over the panels pack_bf16_panels made at
+// bf16 linears for 1-6 rows (batch-1..6 decode and the LM head of a few
+// sequences) on CPUs with AVX512-BF16, over the panels pack_bf16_panels made at
 // load (gemm_bf16.cpp; no second copy of the weights).
 //
-// At 1-4 rows a linear is a read of its weight: a few FLOPs per byte, so all
+// At 1-6 rows a linear is a read of its weight: a few FLOPs per byte, so all
 // that counts is how fast the bytes stream in from DRAM. The panel kernel's
 // many-row machinery costs here: its blocks run one panel at a time (two
 // accumulator chains at one row), prefetch the next panel into L2 slice by
 // slice, and convert the bias to float32 in a fresh tensor per call. Here:
-// * 2-4 panels at once (as many streams, 8-16 independent vdpbf16ps chains),
+// * 2-4 panels at once (as many streams, 8-24 independent vdpbf16ps chains),
 // * every line prefetched kAheadBytes ahead in its own stream (the hardware
 //   prefetcher alone stops at page ends and keeps too few lines in flight),
 // * pairs of panels handed out through an atomic counter, so a thread that the
@@ -17,7 +17,7 @@
 // in order), so for any K both kernels' vdpbf16ps paths agree bit for bit.
 //
 // Shapes:
-//   x:      [M, K] bf16 contiguous, 1 <= M <= 4
+//   x:      [M, K] bf16 contiguous, 1 <= M <= 6
 //   packed: [N / 32, K / 2, 64] bf16 (pack_bf16_panels)
 //   bias:   [N] bf16 or None
 //   out:    [M, N] bf16; gemv_bf16_linear_silu (packed [gate; up], N % 64 == 0):
@@ -39,7 +39,7 @@
 namespace {
 
 constexpr int kPanel = 32;     // output columns per panel (pack_bf16_panels)
-constexpr int kMaxRows = 4;    // 16 accumulators at two panels: room for w and x in 32 registers
+constexpr int kMaxRows = 6;    // 24 accumulators at two panels: room for w and x in 32 registers
 constexpr int kAheadBytes = 2048;
 
 #ifdef __AVX512BF16__
@@ -88,21 +88,30 @@ inline void panels_rows(const uint16_t* x, int64_t k, const uint16_t* const* pan
     }
 }
 
+// At most 24 accumulators (kRows * kPanels <= 12); other pairs never run.
 template <int kPanels>
 void run_rows(int rows, const uint16_t* x, int64_t k, const uint16_t* const* panel, const uint16_t* const* bias,
               uint16_t* const* dst, int64_t ldd) {
   switch (rows) {
-    case 1: return panels_rows<1, kPanels>(x, k, panel, bias, dst, ldd);
-    case 2: return panels_rows<2, kPanels>(x, k, panel, bias, dst, ldd);
-    case 3: return panels_rows<3, kPanels>(x, k, panel, bias, dst, ldd);
-    default: return panels_rows<4, kPanels>(x, k, panel, bias, dst, ldd);
+#define PAGODA_ROWS(r)                                                      \
+  case r:                                                                   \
+    if constexpr (r * kPanels <= 12) return panels_rows<r, kPanels>(x, k, panel, bias, dst, ldd); \
+    break;
+    PAGODA_ROWS(1) PAGODA_ROWS(2) PAGODA_ROWS(3) PAGODA_ROWS(4)
+    PAGODA_ROWS(5) PAGODA_ROWS(6)
+#undef PAGODA_ROWS
   }
+  TORCH_CHECK(false, "gemv_bf16: ", rows, " rows at ", kPanels, " panels");
 }
 
-// Panels per work item: 4 at 1-2 rows (8-16 accumulators), 2 at 3-4 (12-16).
+// Panels per work item: 4 at 1-2 rows (8-16 accumulators), 2 at 3-6 (12-24).
 // At one row, 30 SmolLM2 layers + LM head streaming from DRAM on 2 threads of
 // a Zen 5 (standalone loop, best of 9): 1 panel at a time 51-66 GB/s, 2 at a
 // time 58-68, 4 at a time 65-83, a plain read of the same bytes 70-81.
+// At 5-6 rows two panels of 5-6 rows beat the panel kernel's one panel of 5-6
+// (bench/small_m_ab.py, SmolLM2 weights cold: one thread 0.85x a step's
+// linears; 2 threads 0.65-0.95x per linear at 6 rows). At 7-8 rows neither one
+// panel of 8 nor two in passes of 4 beat it on 2 threads, so 6 is the limit.
 inline int group_of(int rows) { return rows <= 2 ? 4 : 2; }
 
 void run_group(int group, int rows, const uint16_t* x, int64_t k, const uint16_t* const* panel,
@@ -208,9 +217,9 @@ torch::Tensor gemv_bf16_linear_silu(const torch::Tensor& x, const torch::Tensor&
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_bf16_supported", &gemv_bf16_supported, "Whether this build has the AVX512-BF16 GEMV");
   m.attr("max_rows") = kMaxRows;
-  m.def("gemv_bf16_linear", &gemv_bf16_linear, "x [1-4, K] @ packed^T (+ bias) -> [M, N] bf16", py::arg("x"),
+  m.def("gemv_bf16_linear", &gemv_bf16_linear, "x [1-6, K] @ packed^T (+ bias) -> [M, N] bf16", py::arg("x"),
         py::arg("packed"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("gemv_bf16_linear_silu", &gemv_bf16_linear_silu,
-        "silu(x @ gate^T + b) * (x @ up^T + b) for packed [gate; up], x [1-4, K] -> [M, N / 2] bf16",
+        "silu(x @ gate^T + b) * (x @ up^T + b) for packed [gate; up], x [1-6, K] -> [M, N / 2] bf16",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
 }

@@ -60,6 +60,27 @@ def test_many_rows_in_chunks_equal_the_rows_in_slices_bit_for_bit(silu):
     assert torch.equal(linear(x, packed, None), sliced)
 
 
+@pytest.mark.parametrize("rows", [13, 36, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_outputs_past_l2_streamed_equal_small_outputs_bit_for_bit(rows, bias):
+    """Past 1 MB of output (rows x 24608 columns, an LM head's shape: 36 and 64
+    rows, not 13) the blocks write it with streaming stores; 4 rows at a time
+    (394 KB) take plain stores. K = 40 keeps to the vdpbf16ps loop; 769 panels
+    leave a short last unit."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(24608, 40, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 40, generator=gen).to(torch.bfloat16)
+    b = torch.randn(24608, generator=gen).to(torch.bfloat16) if bias else None
+    packed = kernels.pack_bf16_panels(weight)
+    out = kernels.bf16_panel_linear(x, packed, b)
+    sliced = torch.cat(
+        [kernels.bf16_panel_linear(x[i : i + 4].contiguous(), packed, b) for i in range(0, rows, 4)]
+    )
+    assert torch.equal(out, sliced)
+    expected = x.double() @ weight.double().T + (b.double() if bias else 0)
+    assert bool(((out.double() - expected).abs() <= expected.abs() * 2**-8 + 40 * 2**-21).all())
+
+
 def test_shapes_it_cannot_take_are_refused():
     with pytest.raises(RuntimeError, match="N % 32 == 0"):
         kernels.pack_bf16_panels(torch.zeros(48, 8, dtype=torch.bfloat16))

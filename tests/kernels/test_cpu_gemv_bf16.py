@@ -1,4 +1,4 @@
-"""The 1-4 row bf16 GEMV over packed panels (kernels/cpu/gemv_bf16.cpp): its products
+"""The 1-6 row bf16 GEMV over packed panels (kernels/cpu/gemv_bf16.cpp): its products
 against its plain twin F.linear in float32, bit for bit against the panel kernel's
 vdpbf16ps path, and its fused SiLU against the linear then silu_and_mul."""
 
@@ -33,9 +33,9 @@ def _within_float32_linear(out: torch.Tensor, x, weight, b) -> bool:
     return bool(((out.double() - expected).abs() <= bound).all())
 
 
-# N: 1, 2, 3, 5, 7 and 30 panels (whole groups of 2 or 4 panels and every short
-# last group); K: SmolLM2's 576 and 1536, Ks not a multiple of 32, the smallest.
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+# N: 1, 2, 3, 5, 7 and 30 panels (whole groups of 1, 2 or 4 panels and every
+# short last group); K: SmolLM2's 576 and 1536, Ks not a multiple of 32, the smallest.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("n,k", [(32, 2), (64, 576), (96, 584), (160, 1536), (224, 40), (960, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_is_f_linear_in_float32(rows, n, k, bias):
@@ -45,7 +45,7 @@ def test_linear_is_f_linear_in_float32(rows, n, k, bias):
     assert _within_float32_linear(out, x, weight, b)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("n,k", [(32, 2), (96, 584), (160, 1538), (224, 40)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_is_the_panel_kernel_bit_for_bit(rows, n, k, bias):
@@ -56,7 +56,7 @@ def test_linear_is_the_panel_kernel_bit_for_bit(rows, n, k, bias):
     assert torch.equal(gemv.gemv_bf16_linear(x, packed, b), kernels.bf16_panel_linear(x, packed, b))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("n,k", [(64, 2), (128, 584), (192, 40), (3072, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_silu_is_the_linear_then_silu_and_mul_bit_for_bit(rows, n, k, bias):
@@ -85,8 +85,8 @@ def test_lm_head_shape_one_row():
 
 def test_shapes_it_cannot_take_are_refused():
     packed = kernels.pack_bf16_panels(torch.zeros(32, 8, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match="1 to 4 rows"):
-        gemv.gemv_bf16_linear(torch.zeros(5, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(RuntimeError, match="1 to 6 rows"):
+        gemv.gemv_bf16_linear(torch.zeros(7, 8, dtype=torch.bfloat16), packed)
     with pytest.raises(RuntimeError, match="x has 6 columns, the weight 8"):
         gemv.gemv_bf16_linear(torch.zeros(1, 6, dtype=torch.bfloat16), packed)
     with pytest.raises(RuntimeError, match="whole panels"):

@@ -140,18 +140,19 @@ def packed_linear_silu(
 
 
 def _gemv_for(x: torch.Tensor):
-    """The GEMV kernels (kernels/cpu/gemv_bf16.cpp) for x of 1-4 rows, else None.
+    """The GEMV kernels (kernels/cpu/gemv_bf16.cpp) for x of 1-6 rows, else None.
     It reads the same panels as the panel kernel, with the same sums (bit for
     bit), faster with the weights streaming from DRAM (SmolLM2's on a Zen 5,
     bench/gemv_ab.py: 2 threads, 48-53 -> 52-68 GB/s per linear at one row; one
-    thread, a step's linears 0.80-0.90x the time at 1-4 rows)."""
+    thread, a step's linears 0.80-0.90x the time at 1-4 rows; bench/small_m_ab.py:
+    0.85x at 5-6 rows)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not 1 <= rows <= _GEMV_MAX_ROWS:
         return None
     return _gemv_kernels()
 
 
-_GEMV_MAX_ROWS = 4
+_GEMV_MAX_ROWS = 6
 
 
 @functools.cache

@@ -49,7 +49,7 @@ def bf16_layer(bias: bool) -> ReplicatedLinear:
 @needs_packing
 @pytest.mark.parametrize("packer", PACKERS)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("rows", [1, 5, 7, 64, 300])
 def test_packed_linear_matches_f_linear(bias, rows, packer, monkeypatch):
     monkeypatch.setenv("PAGODA_CPU_BF16_GEMM", "1" if packer == "panels" else "0")
     layer = bf16_layer(bias)
