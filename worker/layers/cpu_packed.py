@@ -147,12 +147,12 @@ def _gemv_for(x: torch.Tensor):
     thread, a step's linears 0.80-0.90x the time at 1-4 rows; bench/small_m_ab.py:
     0.85x at 5-6 rows)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not 1 <= rows <= _GEMV_MAX_ROWS:
+    if not 1 <= rows <= GEMV_MAX_ROWS:
         return None
     return _gemv_kernels()
 
 
-_GEMV_MAX_ROWS = 6
+GEMV_MAX_ROWS = 6
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""A decoder stack's kernels bound once, for steps of 1-4 rows (batch-1 decode).
+"""A decoder stack's kernels bound once, for steps of 1-6 rows (small-batch decode).
 
 A one-row decode step of a 30-layer model spends about as long in Python
 between its kernels as in the weight-streaming GEMVs themselves: each layer
@@ -30,7 +30,7 @@ from worker.attention import forward_context
 from worker.layers import cpu_packed
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
-MAX_ROWS = 4  # cpu_packed routes 1-4 rows to the GEMV kernels: the plan binds those
+MAX_ROWS = cpu_packed.GEMV_MAX_ROWS  # the rows cpu_packed sends to the GEMV kernels: the plan binds those
 
 
 class LayerPlan:

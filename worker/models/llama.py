@@ -157,7 +157,7 @@ class LlamaModel(nn.Module):
             for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        # Steps of 1-4 rows run the layers' kernels bound once (decode_plan.py);
+        # Steps of 1-6 rows (the GEMV's) run the layers' kernels bound once (decode_plan.py);
         # built at the first such step, when the weights are final. False: not built yet.
         self.decode_plan: DecodePlan | bool | None = False
 

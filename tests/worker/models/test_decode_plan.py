@@ -9,6 +9,7 @@ import torch
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 from worker.layers import cpu_packed
+from worker.models import decode_plan
 
 # No prefix cache: a rerun's prefill from cached blocks rounds differently in bf16,
 # plan or not.
@@ -37,8 +38,13 @@ def test_plan_matches_the_module_path(make_checkpoint, arch):
     _needs_gemv()
     llm = LLM(str(make_checkpoint(arch, dtype=torch.bfloat16)), **ENGINE)
     model = llm.engine.core.runner.model.model
-    # One stream, and four: both decode with 1-4 rows, where the plan runs.
-    batches = [random_prompts([11], seed=3), random_prompts([5, 17, 9, 30], seed=4)]
+    # One stream, four and six: each decodes with rows the GEMV takes, where the plan runs.
+    assert decode_plan.MAX_ROWS == cpu_packed.GEMV_MAX_ROWS == 6
+    batches = [
+        random_prompts([11], seed=3),
+        random_prompts([5, 17, 9, 30], seed=4),
+        random_prompts([7, 3, 21, 12, 8, 15], seed=6),
+    ]
     with_plan = [_generate(llm, prompts) for prompts in batches]
     assert model.decode_plan not in (None, False), "the plan was not built"
     bound = model.layers[0].self_attn.attn._bound
