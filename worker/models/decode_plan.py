@@ -30,7 +30,9 @@ from worker.attention import forward_context
 from worker.layers import cpu_packed
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
-MAX_ROWS = cpu_packed.GEMV_MAX_ROWS  # the rows cpu_packed sends to the GEMV kernels: the plan binds those
+MAX_ROWS = (
+    cpu_packed.GEMV_MAX_ROWS
+)  # the rows cpu_packed sends to the GEMV kernels: the plan binds those
 
 
 class LayerPlan:
