@@ -22,8 +22,11 @@ decode 0.35-0.54x the time of float32 storage, 4-8 streams 0.47-0.76x,
 32 streams and prefill level with the copy (1.05-1.23x at 32 streams without).
 The copy costs memory: the half panels on top of the float32 weights, 1.5x the
 float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32 storage and
-382 MB for `1`, which keeps the half panels alone). The plain
-twin is F.linear(x, weight.float(), bias).
+382 MB for `1`, which keeps the half panels alone). So the copy is taken only
+while it leaves a quarter of the machine's memory available (_COPY_RESERVE): a
+model that fits in float32 alone must not stop fitting because of it, and past
+that point layers keep their half panels alone. The plain twin is
+F.linear(x, weight.float(), bias).
 """
 
 from __future__ import annotations
@@ -34,9 +37,14 @@ import torch
 
 from kernels.cpu import load_gemv_f32_kernels, load_half_f32_kernels
 from shared import env
+from shared.logging import get_logger
 from worker.layers import cpu_packed
 
+logger = get_logger(__name__)
+
 _PANEL = 16
+# The share of MemTotal a float32 copy must leave available (MemAvailable after it).
+_COPY_RESERVE = 0.25
 
 
 @functools.cache
@@ -95,7 +103,34 @@ def float32_copy(weight: torch.Tensor) -> torch.Tensor | None:
     NOTE: call it only for a weight pack_if_lossless packed."""
     if not env.cpu_half_weights_copy() or not cpu_packed.can_pack(weight):
         return None
+    total, available = _meminfo()
+    if available - weight.numel() * weight.element_size() < _COPY_RESERVE * total:
+        _warn_no_copy(total, available)
+        return None
     return cpu_packed.pack(weight)
+
+
+def _meminfo() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes."""
+    fields = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0]) * 1024
+    return fields["MemTotal"], fields["MemAvailable"]
+
+
+@functools.cache
+def _warn_no_copy(total: int, available: int) -> None:
+    logger.warning(
+        "half-stored float32 linears: no float32 copy from here on (%.1f of %.1f GiB "
+        "available; a copy must leave %d%%): batches of more than %d rows take the "
+        "half GEMM, 0.8-0.95x oneDNN's speed",
+        available / 2**30,
+        total / 2**30,
+        round(_COPY_RESERVE * 100),
+        _GEMV_MAX_ROWS,
+    )
 
 
 def half_linear(

@@ -85,5 +85,23 @@ def test_the_float32_copy_only_where_asked(monkeypatch, setting, copies):
         monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", setting)
     monkeypatch.setattr(cpu_half_f32.cpu_packed, "can_pack", lambda w: True)
     monkeypatch.setattr(cpu_half_f32.cpu_packed, "pack", lambda w: w + 1)
+    monkeypatch.setattr(cpu_half_f32, "_meminfo", lambda: (4096, 4096))
     copy = cpu_half_f32.float32_copy(torch.zeros(16, 8))
     assert (copy is not None) == copies
+
+
+def test_no_float32_copy_where_it_would_leave_under_a_quarter_of_memory(monkeypatch):
+    monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "can_pack", lambda w: True)
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "pack", lambda w: w + 1)
+    weight = torch.zeros(16, 8)  # 512 bytes
+    total = 4096
+    monkeypatch.setattr(cpu_half_f32, "_meminfo", lambda: (total, 1024 + 512))
+    assert cpu_half_f32.float32_copy(weight) is not None  # leaves exactly 1024 = total / 4
+    monkeypatch.setattr(cpu_half_f32, "_meminfo", lambda: (total, 1024 + 511))
+    assert cpu_half_f32.float32_copy(weight) is None
+
+
+def test_meminfo_reads_this_machine():
+    total, available = cpu_half_f32._meminfo()
+    assert 0 < available <= total
