@@ -14,7 +14,10 @@ tensor attributes, such as a packed copy of a weight), once each, except
 * lookup tables (the input embedding, RoPE's cos/sin cache): a token reads one
   row of each; and the attention layers' KV cache, which is not a weight;
 * a module's `weight` where the module also holds `packed_weight` (the LM head
-  tied to the embedding keeps the table and computes from its packed copy).
+  tied to the embedding keeps the table and computes from its packed copy);
+* the float32 copies kept beside half panels on CPUs without fast bf16
+  (`weight_f32`, `packed_f32`: worker/layers/cpu_half_f32.py): only batches of
+  more than 8 rows read them, a single stream reads the half panels.
 
 `params_bytes(num_params, dtype)` is the same figure for an engine we cannot look
 inside (vLLM), from bench/model_flops.py's weight count and the dtype it ran in.
@@ -22,6 +25,8 @@ inside (vLLM), from bench/model_flops.py's weight count and the dtype it ran in.
 
 from __future__ import annotations
 
+# Copies that only batches past the GEMV's rows read (cpu_half_f32.float32_copy).
+_BATCH_ONLY_COPIES = ("weight_f32", "packed_f32")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 
@@ -35,6 +40,8 @@ def _module_tensors(module):
             tensors.setdefault(name, value)
     if tensors.get("packed_weight") is not None:
         tensors.pop("weight", None)
+    for name in _BATCH_ONLY_COPIES:
+        tensors.pop(name, None)
     return [t for t in tensors.values() if t is not None]
 
 

@@ -44,6 +44,14 @@ def test_packed_head_counts_the_packed_copy_only():
     assert stored_weight_bytes(_Model(tied=True, packed=True)) == 256 + 32 + 1600
 
 
+def test_float32_copies_beside_half_panels_are_not_counted():
+    model = _Model(tied=False, packed=False)
+    model.proj.weight_f32 = torch.zeros(16, 8)  # oneDNN's copy for batches past 8 rows
+    model.lm_head.packed_weight = torch.zeros(100, 8, dtype=torch.bfloat16)  # half panels
+    model.lm_head.packed_f32 = torch.zeros(100, 8)
+    assert stored_weight_bytes(model) == 256 + 32 + 1600
+
+
 def test_params_bytes():
     assert params_bytes(1000, "bfloat16") == 2000
     assert params_bytes(1000, "float32") == 4000
