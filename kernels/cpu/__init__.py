@@ -98,7 +98,7 @@ def _build_dir(
     contents: dict[str, bytes] | None = None,
 ) -> Path:
     # -march=native code only runs where it was built: key the cache by machine too.
-    # Keyed by content alone, so every checkout of the same sources shares one build
+    # Keyed by content and toolchain, so every checkout of the same sources shares one build
     # (the sources are compiled from a copy inside the folder, see _staged_sources).
     contents = _read_sources(sources, headers) if contents is None else contents
     digest = hashlib.sha256()
@@ -108,12 +108,25 @@ def _build_dir(
     digest.update(" ".join(isa_flags(isa)).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_model().encode())
+    digest.update(_toolchain().encode())
     root = Path(
         os.environ.get("PAGODA_KERNEL_CACHE", Path.home() / ".cache" / "pagoda" / "kernels")
     )
     path = root / digest.hexdigest()[:16]
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _toolchain() -> str:
+    """The Python and torch a build compiles against. Their include paths are in the
+    folder's build.ninja, so two environments sharing one folder (a venv and the
+    system Python, say) made ninja rebuild the whole module at every switch: a
+    worker restarted under the other one spent minutes compiling."""
+    import sys
+
+    import torch
+
+    return f"{sys.prefix}|{sys.version}|{Path(torch.__file__).parent}|{torch.__version__}"
 
 
 def _staged_sources(

@@ -18,6 +18,13 @@ def test_same_source_in_another_checkout_shares_the_folder(tmp_path, monkeypatch
     assert cpu._build_dir() == here
 
 
+def test_another_python_environment_gets_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
+    here = cpu._build_dir()
+    monkeypatch.setattr(cpu, "_toolchain", lambda: "/other/venv|3.11.7|/other/torch|2.13.0")
+    assert cpu._build_dir() != here
+
+
 def test_changed_source_gets_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path / "cache"))
     here = cpu._build_dir()
