@@ -51,6 +51,20 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
     prefill_kernel = kernels.paged_attention_prefill
     prefill_twin = backend._prefill
 
+    def decode_into(query, out, plan):
+        """The decode kernel over this step's decode rows, into `out`."""
+        decode(
+            query,
+            key_cache,
+            value_cache,
+            plan.decode_block_tables,
+            plan.decode_seq_lens,
+            plan.decode_rows,
+            out,
+            scale,
+            window_arg,
+        )
+
     def attend(query, key, value, plan):
         num_tokens = query.shape[0]
         query = query.view(num_tokens, num_heads, head_dim)
@@ -65,17 +79,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
             if plan.cascade_blocks and cascade_ok:  # maybe a cascade: the general path
                 backend._decode(query, key_cache, value_cache, plan, out, scale, window)
             else:
-                decode(
-                    query,
-                    key_cache,
-                    value_cache,
-                    plan.decode_block_tables,
-                    plan.decode_seq_lens,
-                    plan.decode_rows,
-                    out,
-                    scale,
-                    window_arg,
-                )
+                decode_into(query, out, plan)
         if plan.prefills:
             if kernel_prefill:
                 prefill_kernel(
@@ -129,17 +133,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
         if pair is None:
             pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
         query = qkv.as_strided((num_tokens, num_heads, head_dim), (qkv.stride(0), head_dim, 1))
-        decode(
-            query,
-            key_cache,
-            value_cache,
-            plan.decode_block_tables,
-            plan.decode_seq_lens,
-            plan.decode_rows,
-            pair[0],
-            scale,
-            window_arg,
-        )
+        decode_into(query, pair[0], plan)
         return pair[1]
 
     attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
