@@ -254,7 +254,7 @@ void rotary_embedding(torch::Tensor& query, torch::Tensor& key, const torch::Ten
 
 namespace {
 
-// Decode steps (1-4 rows): RoPE on the fused QKV rows in place, then each row's
+// Decode steps (the decode plan's 1-6 rows): RoPE on the fused QKV rows in place, then each row's
 // rotated K and its V copied into their cache slot. The same rotations as
 // rotary_embedding and the same copies as write_kv_cache (cache_write.cpp), in
 // one call instead of two plus three views: a batch-1 step makes 30 of them.
