@@ -31,42 +31,31 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int
 
 
 def _module_tensors(module):
-    import torch
+    from worker.models.weight_memory import module_tensors
 
-    tensors = dict(module.named_parameters(recurse=False))
-    tensors.update(module.named_buffers(recurse=False))
-    for name, value in vars(module).items():
-        if isinstance(value, torch.Tensor) and not name.startswith("_"):
-            tensors.setdefault(name, value)
+    tensors = module_tensors(module)
     if tensors.get("packed_weight") is not None:
         tensors.pop("weight", None)
     for name in _BATCH_ONLY_COPIES:
         tensors.pop(name, None)
-    return [t for t in tensors.values() if t is not None]
+    return list(tensors.values())
 
 
 def stored_weight_bytes(model) -> int:
     """Bytes a decoded token reads from `model` (an nn.Module), as stored."""
+    from worker.models.weight_memory import tensor_identity
+
     seen: set[tuple] = set()
     total = 0
     for module in model.modules():
         if _is_lookup_table(module):
             continue  # a tied LM head still counts the table, through itself
         for t in _module_tensors(module):
-            key = _identity(t)
+            key = tensor_identity(t)
             if key not in seen:
                 seen.add(key)
                 total += t.numel() * t.element_size()
     return total
-
-
-def _identity(t) -> tuple:
-    """Where the tensor's bytes are; oneDNN's opaque (packed float32) tensors have
-    no storage to point at, and are never shared, so their own id will do."""
-    try:
-        return ("ptr", t.data_ptr(), t.numel() * t.element_size())
-    except RuntimeError:
-        return ("id", id(t))
 
 
 def _is_lookup_table(module) -> bool:

@@ -39,6 +39,7 @@ from kernels.cpu import load_gemv_f32_kernels, load_half_f32_kernels
 from shared import env
 from shared.logging import get_logger
 from worker.layers import cpu_packed
+from worker.meminfo import meminfo as _meminfo
 
 logger = get_logger(__name__)
 
@@ -108,16 +109,6 @@ def float32_copy(weight: torch.Tensor) -> torch.Tensor | None:
         _warn_no_copy(total, available)
         return None
     return cpu_packed.pack(weight)
-
-
-def _meminfo() -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes."""
-    fields = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            name, value = line.split(":", 1)
-            fields[name] = int(value.split()[0]) * 1024
-    return fields["MemTotal"], fields["MemAvailable"]
 
 
 @functools.cache

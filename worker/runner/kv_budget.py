@@ -10,6 +10,7 @@ import torch
 from shared.errors import ConfigError
 from shared.logging import get_logger
 from worker.config import CacheConfig
+from worker.meminfo import meminfo
 from worker.models.spec import ModelSpec
 from worker.runner.gpu_memory import GPUMemoryProfile
 
@@ -29,11 +30,7 @@ def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+    return meminfo()[1]
 
 
 def _gib(num_bytes: int) -> str:

@@ -21,6 +21,7 @@ from worker.layers.attention import Attention
 from worker.layers.quantization import resolve_quantization
 from worker.models.loader import build_model
 from worker.models.spec import ModelSpec
+from worker.models.weight_memory import resident_weight_bytes
 from worker.outputs import TokenLogprobs
 from worker.runner.cuda_graphs import CUDAGraphRunner, GraphCapture, capture_sizes
 from worker.runner.kv_memory import allocate_kv_pool, kv_cache_dtype
@@ -75,7 +76,7 @@ class ModelRunner:
 
     @property
     def weights_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return resident_weight_bytes(self.model)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate each layer's KV cache, in the backend's layout, and bind it."""

@@ -100,8 +100,3 @@ def test_no_float32_copy_where_it_would_leave_under_a_quarter_of_memory(monkeypa
     assert cpu_half_f32.float32_copy(weight) is not None  # leaves exactly 1024 = total / 4
     monkeypatch.setattr(cpu_half_f32, "_meminfo", lambda: (total, 1024 + 511))
     assert cpu_half_f32.float32_copy(weight) is None
-
-
-def test_meminfo_reads_this_machine():
-    total, available = cpu_half_f32._meminfo()
-    assert 0 < available <= total
