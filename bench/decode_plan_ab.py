@@ -1,7 +1,7 @@
 """The decode plan against the module forwards at n decode rows, A/B in one process.
 
     PYTHONPATH=$PWD python -m bench.decode_plan_ab --model M [--rows 16,36,64]
-        [--pairs 4] [--output-len 32] [--cpu-threads 1]
+        [--pairs 4] [--output-len 32] [--cpu-threads 1] [--clock thread|wall]
 
 n requests (32-token prompts, `--output-len` greedy tokens, EOS ignored) through
 the offline `LLM`, so after the prefill step every step decodes n rows. Per row
@@ -11,7 +11,9 @@ CPU time per n-row decode step (the decoder stack and final norm: not the LM hea
 not sampling), and the same less the time inside the linear kernels (GEMV and
 panel, timed through wrappers both variants call): the part the plan changes.
 Prints each pair's plan/modules ratio and their median, and checks that both
-variants produced the same tokens.
+variants produced the same tokens. `--clock wall` times wall clock instead (for
+more than one thread: thread CPU time sees the calling thread only), a figure a
+loaded machine inflates.
 
 Variants: modules (the layers' module forwards), plan (worker/models/decode_plan.py).
 """
@@ -31,7 +33,7 @@ class StepClock:
     linear kernels inside them. The kernels' module attributes are replaced by timed
     wrappers before any plan binds them, so both variants call through them."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, clock=time.thread_time) -> None:
         from kernels.cpu import load_cpu_kernels, load_gemv_kernels
         from worker.attention import forward_context
 
@@ -43,34 +45,33 @@ class StepClock:
         ):
             for name in names:
                 setattr(module, name, self._timed_kernel(getattr(module, name)))
-        forward, clock = model.forward, time.thread_time
+        self.clock = clock
+        forward = model.forward
 
         def timed_forward(input_ids, positions):
             metadata = forward_context._current
             if input_ids.shape[0] != self.rows or metadata.prefills:
                 return forward(input_ids, positions)
             self._in_step = True
-            start = clock()
+            start = self.clock()
             try:
                 return forward(input_ids, positions)
             finally:
-                self.forward_s += clock() - start
+                self.forward_s += self.clock() - start
                 self.steps += 1
                 self._in_step = False
 
         model.forward = timed_forward
 
     def _timed_kernel(self, kernel):
-        clock = time.thread_time
-
         def timed(*args):
             if not self._in_step:
                 return kernel(*args)
-            start = clock()
+            start = self.clock()
             try:
                 return kernel(*args)
             finally:
-                self.linear_s += clock() - start
+                self.linear_s += self.clock() - start
 
         return timed
 
@@ -105,14 +106,18 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--cpu-threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     args = parser.parse_args()
     from worker import LLM
 
     llm = LLM(model=args.model, cpu_threads=args.cpu_threads, enable_prefix_caching=False)
     model = llm.engine.core.runner.model.model
-    clock = StepClock(model)
+    clock = StepClock(model, time.thread_time if args.clock == "thread" else time.perf_counter)
     names = ("modules", "plan")
-    print(f"{time.strftime('%H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{time.strftime('%H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.2f}, "
+        f"{args.cpu_threads} thread(s), {args.clock} clock"
+    )
     for rows in (int(r) for r in args.rows.split(",")):
         for name in names:  # warm-up: first-step allocations at this size
             _set_plan(model, name == "plan")
