@@ -169,11 +169,13 @@ _PLAN_CATEGORIES = {
 
 
 def _instrument_decode_plan(decoder, attribution: Attribution, stack: ExitStack, wrapped) -> None:
-    """Steps of 1-4 rows bypass the module forwards: wrap the plan's calls instead."""
+    """Steps the plan runs (decode steps, any step of 1-6 rows) bypass the module
+    forwards: wrap the plan's calls instead, in both of its layer lists (GEMV and
+    panel linears; the lists share their other calls, each wrapped in each)."""
     plan = getattr(decoder, "decode_plan", None)
     if not plan:  # None or False (not built: warm_up decodes, so it would be)
         return
-    for layer in plan.layers:  # __slots__: restore by setattr, never delattr
+    for layer in [*plan.layers, *plan.panel_layers]:  # __slots__: setattr, never delattr
         for attr, category in _PLAN_CATEGORIES.items():
             original = getattr(layer, attr)
             setattr(layer, attr, attribution.wrap(original, category))

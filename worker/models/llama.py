@@ -20,7 +20,7 @@ from worker.layers.layernorm import RMSNorm
 from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from worker.layers.quantization import QuantizationConfig
 from worker.layers.rotary import get_rope
-from worker.models.decode_plan import MAX_ROWS, DecodePlan, build_decode_plan
+from worker.models.decode_plan import DecodePlan, build_decode_plan
 from worker.models.spec import ModelSpec
 
 # NOTE: inside the model, submodules are called through .forward(), not __call__:
@@ -157,18 +157,18 @@ class LlamaModel(nn.Module):
             for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        # Steps of 1-6 rows (the GEMV's) run the layers' kernels bound once (decode_plan.py);
-        # built at the first such step, when the weights are final. False: not built yet.
+        # Decode steps (and any step of 1-6 rows) run the layers' kernels bound once
+        # (decode_plan.py); built at the first step, when the weights are final.
+        # False: not built yet.
         self.decode_plan: DecodePlan | bool | None = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens.forward(input_ids)  # [num_tokens, hidden_size]
-        if input_ids.shape[0] <= MAX_ROWS:
-            plan = self.decode_plan
-            if plan is False:
-                plan = self.decode_plan = build_decode_plan(self)
-            if plan is not None:
-                return plan.forward(hidden_states, positions)
+        plan = self.decode_plan
+        if plan is False:
+            plan = self.decode_plan = build_decode_plan(self)
+        if plan is not None and plan.covers(input_ids.shape[0]):
+            return plan.forward(hidden_states, positions)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer.forward(positions, hidden_states, residual)

@@ -1,13 +1,16 @@
 """The bound decode plan (worker/models/decode_plan.py) computes what the module
-path computes, bit for bit: same tokens, same logprobs, on bf16 models."""
+path computes, bit for bit: same tokens, same logprobs, on bf16 models, at the
+GEMV's 1-6 rows and at the panel kernel's more."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels.cpu import load_cpu_kernels, load_gemv_kernels
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
+from worker.attention import forward_context
 from worker.layers import cpu_packed
 from worker.models import decode_plan
 
@@ -16,11 +19,13 @@ from worker.models import decode_plan
 ENGINE = dict(
     block_size=4,
     max_model_len=128,
-    num_kv_blocks=200,
+    num_kv_blocks=1024,  # 37 streams of up to 54 tokens
     dtype="bfloat16",
     enable_prefix_caching=False,
 )
 PARAMS = SamplingParams(temperature=0, max_tokens=24, logprobs=3, ignore_eos=True)
+# Streams per batch: 1, 4 and 6 decode on the GEMV kernels, 8, 16 and 37 on the panel one.
+STREAMS = [1, 4, 6, 8, 16, 37]
 
 
 def _needs_gemv() -> None:
@@ -33,25 +38,131 @@ def _generate(llm, prompts):
     return [(list(o.outputs[0].token_ids), list(o.outputs[0].logprobs)) for o in outputs]
 
 
+def _batches() -> list[list[list[int]]]:
+    return [random_prompts([3 + (7 * i + n) % 28 for i in range(n)], seed=n) for n in STREAMS]
+
+
+def _record_steps(model, log: list) -> None:
+    """Log each step the model runs as (rows, has prefill rows, ran the plan)."""
+    plan, model_forward, plan_forward = model.decode_plan, model.forward, model.decode_plan.forward
+    ran = []
+
+    def forward(input_ids, positions):
+        ran.clear()
+        out = model_forward(input_ids, positions)
+        metadata = forward_context._current
+        log.append((input_ids.shape[0], bool(metadata.prefills), bool(ran)))
+        return out
+
+    def traced_plan(hidden, positions):
+        ran.append(True)
+        return plan_forward(hidden, positions)
+
+    model.forward, plan.forward = forward, traced_plan
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: a bias on qkv_proj
 def test_plan_matches_the_module_path(make_checkpoint, arch):
     _needs_gemv()
     llm = LLM(str(make_checkpoint(arch, dtype=torch.bfloat16)), **ENGINE)
     model = llm.engine.core.runner.model.model
-    # One stream, four and six: each decodes with rows the GEMV takes, where the plan runs.
-    assert decode_plan.MAX_ROWS == cpu_packed.GEMV_MAX_ROWS == 6
-    batches = [
-        random_prompts([11], seed=3),
-        random_prompts([5, 17, 9, 30], seed=4),
-        random_prompts([7, 3, 21, 12, 8, 15], seed=6),
-    ]
-    with_plan = [_generate(llm, prompts) for prompts in batches]
-    assert model.decode_plan not in (None, False), "the plan was not built"
-    bound = model.layers[0].self_attn.attn._bound
-    assert getattr(bound, "decode_qkv", None) is not None, "no fused decode attention"
+    llm.generate(random_prompts([5]), PARAMS, detokenize=False)  # builds the plan
+    plan = model.decode_plan
+    assert plan not in (None, False), "the plan was not built"
+    steps: list = []
+    _record_steps(model, steps)
+    fused = []
+    attend = plan.panel_layers[0].attend_qkv
+
+    def traced_attend(qkv, positions):
+        fused.append(attend(qkv, positions))
+        return fused[-1]
+
+    plan.panel_layers[0].attend_qkv = traced_attend
+    with_plan = [_generate(llm, prompts) for prompts in _batches()]
+    # Every decode-only step ran the plan, at every batch size; the others did not
+    # (above 6 rows), and the fused attention ran on the panel rows.
+    decode_rows = {rows for rows, prefill, ran in steps if not prefill and ran}
+    assert decode_rows >= set(STREAMS)
+    assert all(ran == (rows <= decode_plan.MAX_ROWS or not prefill) for rows, prefill, ran in steps)
+    assert fused and all(out is not None for out in fused)
+    assert plan.panel_layers[0].qkv is not plan.layers[0].qkv
+    # The plan's unfused attention (a cascade's steps take it) at panel rows too.
+    for layer in plan.panel_layers:
+        layer.attend_qkv = lambda qkv, positions: None
+    unfused = [_generate(llm, prompts) for prompts in _batches()]
     model.decode_plan = None  # the module path from now on
-    without = [_generate(llm, prompts) for prompts in batches]
+    without = [_generate(llm, prompts) for prompts in _batches()]
     assert with_plan == without
+    assert unfused == without
+
+
+def test_mixed_steps_keep_the_module_path(make_checkpoint):
+    """Chunked prefill: steps of prompt chunks beside decode rows, above 6 rows, go
+    through the module forwards; the decode-only steps between them, the plan."""
+    _needs_gemv()
+    engine = {**ENGINE, "max_num_batched_tokens": 24}
+    llm = LLM(str(make_checkpoint("llama", dtype=torch.bfloat16)), **engine)
+    model = llm.engine.core.runner.model.model
+    prompts = random_prompts([20, 9, 31, 14, 26, 11, 17, 23, 5, 29, 8, 19], seed=12)
+    llm.generate(prompts[:1], PARAMS, detokenize=False)  # builds the plan
+    steps: list = []
+    _record_steps(model, steps)
+    with_plan = _generate(llm, prompts)
+    mixed = [(rows, ran) for rows, prefill, ran in steps if prefill and rows > decode_plan.MAX_ROWS]
+    assert mixed and not any(ran for _, ran in mixed)
+    assert any(ran and rows > 8 for rows, prefill, ran in steps if not prefill)
+    model.decode_plan = None
+    assert with_plan == _generate(llm, prompts)
+
+
+def _recorded(name: str, kernel, calls: list):
+    def call(*args):
+        calls.append(name)
+        return kernel(*args)
+
+    return call
+
+
+def test_plan_binds_the_kernels_cpu_packed_routes_to(make_checkpoint, monkeypatch):
+    """Row for row, the plan's linears call the kernel packed_linear(_silu) would."""
+    _needs_gemv()
+    llm = LLM(str(make_checkpoint("qwen2", dtype=torch.bfloat16)), **ENGINE)
+    model = llm.engine.core.runner.model.model
+    calls: list[str] = []
+    gemv, panel = load_gemv_kernels(), load_cpu_kernels()
+    for module, name in (
+        (gemv, "gemv_bf16_linear"),
+        (gemv, "gemv_bf16_linear_silu"),
+        (panel, "bf16_panel_linear"),
+        (panel, "bf16_panel_linear_silu"),
+    ):
+        monkeypatch.setattr(module, name, _recorded(name, getattr(module, name), calls))
+    plan = decode_plan.build_decode_plan(model)  # binds the recorders
+    qkv, gate_up = model.layers[0].self_attn.qkv_proj, model.layers[0].mlp.gate_up_proj
+    generator = torch.Generator().manual_seed(0)
+    for rows in (1, 6, 7, 16, 37, 256):
+        x = torch.randn(rows, qkv.input_size, generator=generator).to(torch.bfloat16)
+        calls.clear()
+        module_out = (
+            cpu_packed.packed_linear(x, qkv.weight, qkv.bias),
+            cpu_packed.packed_linear_silu(x, gate_up.weight, gate_up.bias),
+        )
+        module_calls = list(calls)
+        calls.clear()
+        layer = plan.layers_for(rows)[0]
+        plan_out = (layer.qkv(x), layer.gate_up_silu(x))
+        prefix = "gemv_bf16" if rows <= cpu_packed.GEMV_MAX_ROWS else "bf16_panel"
+        assert module_calls == [f"{prefix}_linear", f"{prefix}_linear_silu"], rows
+        assert calls == module_calls, rows
+        assert all(torch.equal(a, b) for a, b in zip(plan_out, module_out, strict=True)), rows
+
+
+def test_step_profile_categorizes_every_plan_call():
+    from bench.step_profile import _PLAN_CATEGORIES
+
+    # `attn` is the Attention module: the profile wraps its forward as a module's.
+    assert set(decode_plan.LayerPlan.__slots__) == {*_PLAN_CATEGORIES, "attn"}
 
 
 def test_no_plan_for_q_k_norm(make_checkpoint):
