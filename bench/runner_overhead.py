@@ -49,6 +49,19 @@ def stub_model(llm) -> None:
     model.compute_logits = compute_logits
 
 
+def stub_sampler(llm) -> None:
+    """Token 0 for every row: leaves out the sampler's argmax over the vocabulary
+    (memory-bound, so the most sensitive to other processes) from an A/B of the rest."""
+    import torch
+
+    from worker.sample.sampler import SamplerOutput
+
+    def sample(logits, meta):
+        return SamplerOutput(token_ids=torch.zeros(logits.shape[0], dtype=torch.int64))
+
+    llm.engine.core.runner.sampler = sample
+
+
 class StepClock:
     """Thread CPU time of each engine step and of the loop until the next one."""
 
@@ -111,6 +124,7 @@ def main() -> None:
     parser.add_argument("--workload", default="decode")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stub-sampler", action="store_true", help="token 0, no argmax")
     parser.add_argument("--cprofile", type=int, default=0, help="print the top N functions")
     args = parser.parse_args()
 
@@ -124,6 +138,8 @@ def main() -> None:
     (workload,) = resolve_workloads(args.workload, 0, llm.engine.vocab_size, args.num_requests)
     warm_up(llm)
     stub_model(llm)
+    if args.stub_sampler:
+        stub_sampler(llm)
     clock = StepClock(llm)
     run(llm, clock, workload, 1)  # warm the stubbed path too
     if args.cprofile:
