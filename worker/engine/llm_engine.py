@@ -195,11 +195,12 @@ class LLMEngine:
     def step(self) -> EngineStepOutput:
         """One engine step; deltas come back under the parent id with their sample index."""
         output = self.core.step()
+        parent_of = self._parent_of
         for delta in output.deltas:
             child_id = delta.request_id
-            parent_id, index = self._parent_of[child_id]
+            parent_id, index = parent_of[child_id]
             delta.request_id, delta.index = parent_id, index
-            if delta.finished:
+            if delta.finish_reason is not None:  # delta.finished, without the call
                 del self._parent_of[child_id]
                 children = self._children[parent_id]
                 children.remove(child_id)

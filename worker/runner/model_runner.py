@@ -218,11 +218,21 @@ class ModelRunner:
         graph_size = self.graphs.size_for(inputs) if self.graphs is not None else None
         if graph_size is not None:
             inputs = inputs.padded(graph_size, self.graphs.max_num_blocks)
-        sample_states = [self.requests[r] for r in inputs.sample_req_ids]
+        # Sampling rows are a subsequence of the batch's: as many means all of them.
+        sample_states = (
+            states
+            if len(inputs.sample_req_ids) == len(states)
+            else [self.requests[r] for r in inputs.sample_req_ids]
+        )
         sampling = (
             self.batch.sampling(sample_states, self._build_sampling) if sample_states else None
         )
-        staged = self.staging.upload(self._step_arrays(inputs, sampling))
+        # On CPU the staged tensors are the host arrays: the sampling tensors,
+        # already there, are used as they are instead of round-tripping through numpy.
+        stage_sampling = sampling is not None and not self.staging.is_zero_copy
+        staged = self.staging.upload(
+            self._step_arrays(inputs, sampling if stage_sampling else None)
+        )
         tensors = staged.tensors
         if graph_size is not None:
             hidden = self.graphs.replay(graph_size, staged)  # [graph_size, hidden_size]
@@ -234,7 +244,8 @@ class ModelRunner:
         if inputs.prompt_logprob_spans:
             result.prompt_logprobs = self._prompt_logprobs(hidden, inputs, tensors)
         if sampling is not None:
-            self._sample(hidden, sample_states, _on_device(sampling, tensors), tensors, result)
+            meta = _on_device(sampling, tensors) if stage_sampling else sampling
+            self._sample(hidden, sample_states, meta, tensors, result)
         return result
 
     def _build_sampling(self, states: list[RequestState]) -> SamplingMetadata:
@@ -270,28 +281,37 @@ class ModelRunner:
         tensors: dict[str, torch.Tensor],
         result: ModelRunnerOutput,
     ) -> None:
+        rows = tensors["logits_indices"]
+        # Every row samples (a decode step): the hidden states are the rows, no gather.
+        selected = hidden if rows.shape[0] == hidden.shape[0] else hidden[rows]
         # [num_sample, vocab_size]
         # In the model's dtype: the sampler widens to float32 where it needs to.
-        logits = self.model.compute_logits(hidden[tensors["logits_indices"]])
+        logits = self.model.compute_logits(selected)
         constrained = [i for i, s in enumerate(states) if s.grammar is not None]
         if constrained:  # before any sampling path, greedy argmax included
             bitmask = fill_bitmask([states[i].grammar for i in constrained], logits.shape[1])
             logits = apply_bitmask(logits, bitmask.to(logits.device), constrained)
         sampled = self.sampler(logits, meta)
-        # The step's one copy back: token ids (and logprobs) in one float64 block.
-        columns = [sampled.token_ids.unsqueeze(1)]
-        if sampled.sampled_logprobs is not None:
-            columns += [sampled.sampled_logprobs.unsqueeze(1), sampled.sampled_ranks.unsqueeze(1)]
+        if sampled.sampled_logprobs is None:
+            host = None
+            token_ids = sampled.token_ids.tolist()  # the step's one copy back
+        else:
+            # The step's one copy back: token ids and logprobs in one float64 block.
+            columns = [
+                sampled.token_ids.unsqueeze(1),
+                sampled.sampled_logprobs.unsqueeze(1),
+                sampled.sampled_ranks.unsqueeze(1),
+            ]
             if sampled.top_token_ids is not None:
                 columns += [sampled.top_token_ids, sampled.top_logprobs]
-        host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
-        token_ids = [int(row[0]) for row in host]
-        for i, state in enumerate(states):
-            if state.grammar is not None:
-                token_ids[i] = self._follow_grammar(state, token_ids[i], result)
-            state.token_ids.append(token_ids[i])
-            result.sampled_token_ids[state.req_id] = token_ids[i]
-        if sampled.sampled_logprobs is not None:
+            host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
+            token_ids = [int(row[0]) for row in host]
+        for i in constrained:
+            token_ids[i] = self._follow_grammar(states[i], token_ids[i], result)
+        for state, token in zip(states, token_ids):
+            state.token_ids.append(token)
+        result.sampled_token_ids = dict(zip([s.req_id for s in states], token_ids))
+        if host is not None:
             self._collect_logprobs(states, token_ids, host, result)
 
     def _follow_grammar(self, state: RequestState, token: int, result: ModelRunnerOutput) -> int:

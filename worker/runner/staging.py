@@ -46,6 +46,11 @@ class StepStaging:
         if device.type != "cpu":
             self._reserve(capacity)
 
+    @property
+    def is_zero_copy(self) -> bool:
+        """Whether upload() hands back the host arrays themselves (on CPU)."""
+        return self.device.type == "cpu"
+
     def _reserve(self, nbytes: int) -> None:
         if self._host is not None and self._host.numel() >= nbytes:
             return

@@ -92,17 +92,18 @@ class Scheduler:
         preempted: set[str] = set()
 
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            new_blocks = self.kv.allocate_slots(request, num_new)
+        running, allocate_slots = self.running, self.kv.allocate_slots
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, budget)
+            new_blocks = allocate_slots(request, num_new)
             while new_blocks is None:
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted.add(victim.request_id)
                 if victim is request:
                     break
-                new_blocks = self.kv.allocate_slots(request, num_new)
+                new_blocks = allocate_slots(request, num_new)
             if new_blocks is None:
                 break
             num_scheduled[request.request_id] = num_new
@@ -110,7 +111,7 @@ class Scheduler:
             cached_reqs.append(
                 CachedRequestData(
                     request.request_id,
-                    [b.block_id for b in new_blocks],
+                    [b.block_id for b in new_blocks] if new_blocks else [],
                     request.num_computed_tokens,
                 )
             )
@@ -186,31 +187,47 @@ class Scheduler:
     ) -> list[RequestDelta]:
         """Append sampled tokens, finish requests that stop, report what changed."""
         deltas = []
+        requests = self.requests
+        sampled = runner_output.sampled_token_ids
+        # Most steps carry neither: no lookups per request then.
+        all_prompt_logprobs = runner_output.prompt_logprobs or None
+        all_logprobs = runner_output.logprobs or None
+        grammar_ended = runner_output.grammar_ended
         for request_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(request_id)
+            request = requests.get(request_id)
             if request is None:  # aborted while the step ran
                 continue
-            token = runner_output.sampled_token_ids.get(request_id)
-            prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
-            if token is None and prompt_logprobs is None:
+            token = sampled.get(request_id)
+            prompt_logprobs = (
+                None if all_prompt_logprobs is None else all_prompt_logprobs.get(request_id)
+            )
+            if token is None:
+                if prompt_logprobs is not None:
+                    deltas.append(
+                        RequestDelta(
+                            request_id,
+                            [],
+                            prompt_logprobs=prompt_logprobs,
+                            num_cached_tokens=request.num_cached_tokens,
+                            num_prompt_tokens=request.num_prompt_tokens,
+                        )
+                    )
                 continue
+            request.append_output_token(token)
+            logprobs = None if all_logprobs is None else all_logprobs.get(request_id)
             delta = RequestDelta(
                 request_id,
-                [],
+                [token],
+                new_logprobs=None if logprobs is None else [logprobs],
                 prompt_logprobs=prompt_logprobs,
                 num_cached_tokens=request.num_cached_tokens,
                 num_prompt_tokens=request.num_prompt_tokens,
             )
-            if token is not None:
-                request.append_output_token(token)
-                delta.new_token_ids.append(token)
-                logprobs = runner_output.logprobs.get(request_id)
-                delta.new_logprobs = [logprobs] if logprobs is not None else None
-                if request.check_stop(request_id in runner_output.grammar_ended):
-                    self.running.remove(request)
-                    self._release(request)
-                    delta.finish_reason = request.status.finish_reason
-                    delta.stop_reason = request.stop_reason
+            if request.check_stop(bool(grammar_ended) and request_id in grammar_ended):
+                self.running.remove(request)
+                self._release(request)
+                delta.finish_reason = request.status.finish_reason
+                delta.stop_reason = request.stop_reason
             deltas.append(delta)
         return deltas
 

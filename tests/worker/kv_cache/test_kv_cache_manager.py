@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from shared.block_hash import block_hashes
 from shared.sampling_params import SamplingParams
 from worker.kv_cache.kv_cache_manager import KVCacheManager
@@ -107,3 +109,55 @@ def test_caching_disabled_registers_nothing():
     admit(manager, make_request("a", list(range(10))))
     assert manager.pool.num_cached_blocks == 0
     assert manager.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
+
+
+def _state(manager: KVCacheManager) -> tuple:
+    """Everything allocate_slots may change, comparable across managers."""
+    return (
+        {r: [b.block_id for b in blocks] for r, blocks in manager.req_blocks.items()},
+        dict(manager._num_cached_blocks),
+        [(b.block_id, b.ref_cnt, b.block_hash) for b in manager.pool.blocks],
+        manager.pool.num_free_blocks,
+    )
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_the_nothing_needed_shortcut_does_what_the_general_path_does(monkeypatch, caching):
+    """Decode three requests (one prefix-sharing) token by token through blocks
+    filling up: the shortcut returns what the general path returns and leaves
+    the same state, call for call."""
+    fast = KVCacheManager(num_blocks=16, block_size=BLOCK, enable_caching=caching)
+    plain = KVCacheManager(num_blocks=16, block_size=BLOCK, enable_caching=caching)
+    monkeypatch.setattr(plain, "_needs_nothing", lambda *args: False)
+    shortcuts = []
+    real = fast._needs_nothing
+    monkeypatch.setattr(
+        fast, "_needs_nothing", lambda *args: shortcuts.append(real(*args)) or shortcuts[-1]
+    )
+    prompts = {"a": list(range(6)), "b": list(range(6)) + [50, 51, 52], "c": [9] * 3}
+    pairs = []
+    for name, prompt in prompts.items():
+        pair = (make_request(name, prompt), make_request(name, prompt))
+        for manager, request in zip((fast, plain), pair):
+            admit(manager, request)
+        pairs.append(pair)
+    assert _state(fast) == _state(plain)
+    for step in range(14):
+        for pair in pairs:
+            got = []
+            for manager, request in zip((fast, plain), pair):
+                request.append_output_token(100 + step)
+                blocks = manager.allocate_slots(request, 1)
+                got.append([b.block_id for b in blocks])
+                request.num_computed_tokens += 1
+            assert got[0] == got[1]
+            assert _state(fast) == _state(plain)
+    assert True in shortcuts and False in shortcuts  # both paths ran
+    fast.pool.check_integrity()
+
+
+def test_block_hashes_grow_as_a_fresh_hash_of_all_tokens_would():
+    request = make_request("a", list(range(5)))
+    for token in range(20, 31):
+        request.append_output_token(token)
+        assert request.block_hashes == block_hashes(request.all_token_ids, BLOCK)
