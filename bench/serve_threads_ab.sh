@@ -3,7 +3,7 @@
 #   bench/serve_threads_ab.sh MODEL_DIR OLD_TREE NEW_TREE [OUT_DIR]
 # Each pass starts `pagoda serve` (one worker) from one tree (PYTHONPATH=TREE),
 # waits for it, warms up with 2 requests, then runs `pagoda bench serve` on
-# WORKLOAD (default mixed) at concurrency 1 for NUM_REQUESTS (default 12) under
+# WORKLOAD (default mixed) at CONCURRENCY (default 1) for NUM_REQUESTS (default 12) under
 # bench/serve_threads.py: CPU time and run-queue wait per output token of every
 # thread of the router and the worker, and the client's CPU. REPEAT rounds
 # (default 3) of old, new, the order reversed every other round. Writes
@@ -17,6 +17,7 @@ PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1
 REPEAT=${REPEAT:-3}
 NUM_REQUESTS=${NUM_REQUESTS:-12}
 WORKLOAD=${WORKLOAD:-mixed}
+CONCURRENCY=${CONCURRENCY:-1}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 : >"$OUT/serve_threads.jsonl"
@@ -34,7 +35,7 @@ pass() {  # pass LABEL TREE
     --num-requests 2 --concurrency 1 >/dev/null
   PYTHONPATH=$HERE python -m bench.serve_threads --server-pid "$server" --label "$label" \
     --output "$OUT/serve_threads.jsonl" -- --base-url "$url" --workload "$WORKLOAD" \
-    --num-requests "$NUM_REQUESTS" --concurrency 1 --engine "$label" >/dev/null
+    --num-requests "$NUM_REQUESTS" --concurrency "$CONCURRENCY" --engine "$label" >/dev/null
   kill -INT "$server"
   wait "$server" || true
 }
