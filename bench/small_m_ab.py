@@ -25,6 +25,7 @@ accumulators per thread), per thread CPU second, summed over threads, best of 5.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -94,6 +95,9 @@ def build(folder: Path, tag: str):
 
     from kernels.cpu import isa_flags
 
+    # Keyed by the folder too: helpers sharing a host each A/B their own copies.
+    key = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
+    tag = f"{tag}_{key}"
     out = Path("/tmp") / f"pagoda_small_m_ab_{tag}"
     src = out / "src"
     src.mkdir(parents=True, exist_ok=True)
@@ -151,6 +155,15 @@ def flops(kind: str, rows: int) -> float:
     return 2.0 * rows * n * k
 
 
+def pair_ratios(times: dict, kind: str, reps: int) -> list[float]:
+    """new/old of one kind's summed time per rep (old and new ran back to back)."""
+    per = len(times["old"][kind]) // reps
+    sums = {
+        s: [sum(t[kind][i * per : (i + 1) * per]) for i in range(reps)] for s, t in times.items()
+    }
+    return [n / o for n, o in zip(sums["new"], sums["old"], strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
@@ -202,13 +215,22 @@ def main() -> None:
                     f" ({nbytes[kind] / best / 1e9:5.1f})"
                 )
             ratio = min(times["new"][kind]) / min(times["old"][kind])
-            print(f"  {kind:8s} " + " | ".join(cells) + f" | new/old {ratio:.3f}")
+            pairs = pair_ratios(times, kind, args.reps)
+            print(
+                f"  {kind:8s} " + " | ".join(cells) + f" | new/old best {ratio:.3f}"
+                f" pairs median {statistics.median(pairs):.3f}"
+            )
         best = {s: min(v) for s, v in steps.items()}
         med = {s: statistics.median(v) for s, v in steps.items()}
         print(
             f"  step linears: old best {best['old'] * 1e3:.2f} median {med['old'] * 1e3:.2f} ms"
             f" | new best {best['new'] * 1e3:.2f} median {med['new'] * 1e3:.2f} ms"
             f" | new/old best {best['new'] / best['old']:.3f} median {med['new'] / med['old']:.3f}"
+        )
+        pairs = sorted(n / o for n, o in zip(steps["new"], steps["old"], strict=True))
+        print(
+            f"  step per-pair new/old: median {statistics.median(pairs):.3f}"
+            f" (min {pairs[0]:.3f}, max {pairs[-1]:.3f}, {len(pairs)} pairs)"
         )
 
 

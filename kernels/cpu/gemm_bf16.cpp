@@ -56,8 +56,11 @@ inline void panel_block(const uint16_t* x, int64_t k, const uint16_t* panel, con
   for (int64_t kp = 0; kp < k / 2; ++kp) {
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
-    // 2 KB ahead in the panel: the hardware prefetcher stops at page boundaries.
+    // 2 KB ahead in the panel, both lines of the k pair (one line only left every
+    // other line to the hardware prefetcher, which stops at page boundaries; a
+    // Zen 4 core, SmolLM2's linears cold: step 0.98x at 16 rows, 0.99x at 36).
     _mm_prefetch(reinterpret_cast<const char*>(panel + kp * 2 * kPanel + 1024), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(panel + kp * 2 * kPanel + 1024 + kPanel), _MM_HINT_T0);
     // lines / (k / 2) per k pair, spread by a running remainder (no division).
     for (due += lines; due >= k / 2; due -= k / 2, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     for (int r = 0; r < kRows; ++r) {
