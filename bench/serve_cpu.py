@@ -22,6 +22,8 @@ import tempfile
 
 import psutil
 
+from bench.jsonl import emit
+
 
 def role(proc: psutil.Process) -> str:
     """A short name for what the process is: the `-m` module, else its name."""
@@ -47,6 +49,16 @@ def cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
     return seconds
 
 
+def run_bench_serve(serve_args: list[str]) -> dict:
+    """Run `pagoda bench serve *serve_args` to its end; its summary line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "serve.jsonl")
+        command = [sys.executable, "-m", "shared.cli", "bench", "serve", *serve_args]
+        subprocess.run([*command, "--output", result_path], check=False, stdout=subprocess.DEVNULL)
+        with open(result_path) as f:
+            return json.loads(f.readlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server-pid", type=int, required=True)
@@ -54,28 +66,11 @@ def main() -> int:
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then bench serve args")
     args = parser.parse_args()
     serve_args = [a for a in args.serve_args if a != "--"]
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = os.path.join(tmp, "serve.jsonl")
-        before = cpu_seconds(args.server_pid)
-        load_before = os.getloadavg()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "shared.cli",
-                "bench",
-                "serve",
-                *serve_args,
-                "--output",
-                result_path,
-            ],
-            check=False,
-            stdout=subprocess.DEVNULL,
-        )
-        after = cpu_seconds(args.server_pid)
-        load_after = os.getloadavg()
-        with open(result_path) as f:
-            summary = json.loads(f.readlines()[-1])
+    before = cpu_seconds(args.server_pid)
+    load_before = os.getloadavg()
+    summary = run_bench_serve(serve_args)
+    after = cpu_seconds(args.server_pid)
+    load_after = os.getloadavg()
     completed = max(summary["completed"], 1)
     per_process = {}
     for pid, (name, seconds) in after.items():
@@ -95,11 +90,7 @@ def main() -> int:
         else summary.get("ttft_p50_ms"),
         "loadavg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
     }
-    line = json.dumps(record)
-    print(line)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(line + "\n")
+    emit(record, args.output)
     return 0 if summary["failed"] == 0 else 1
 
 

@@ -18,16 +18,13 @@ its OpenMP thread are its two busiest).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
-import sys
-import tempfile
 
 import psutil
 
-from bench.serve_cpu import role
+from bench.jsonl import emit
+from bench.serve_cpu import role, run_bench_serve
 
 
 def _thread_stats(pid: int) -> dict[int, tuple[str, int, int, int, int, int]]:
@@ -104,18 +101,13 @@ def main() -> int:
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then bench serve args")
     args = parser.parse_args()
     serve_args = [a for a in args.serve_args if a != "--"]
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = os.path.join(tmp, "serve.jsonl")
-        before = snapshot(args.server_pid)
-        child_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load_before = os.getloadavg()[0]
-        command = [sys.executable, "-m", "shared.cli", "bench", "serve", *serve_args]
-        subprocess.run([*command, "--output", result_path], check=False, stdout=subprocess.DEVNULL)
-        after = snapshot(args.server_pid)
-        child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load_after = os.getloadavg()[0]
-        with open(result_path) as f:
-            summary = json.loads(f.readlines()[-1])
+    before = snapshot(args.server_pid)
+    child_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_before = os.getloadavg()[0]
+    summary = run_bench_serve(serve_args)
+    after = snapshot(args.server_pid)
+    child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_after = os.getloadavg()[0]
     tokens = max(int(summary.get("total_output_tokens") or summary["output_tokens"]), 1)
     client_s = (child_after.ru_utime + child_after.ru_stime) - (
         child_before.ru_utime + child_before.ru_stime
@@ -135,11 +127,7 @@ def main() -> int:
         "threads": threads,
         "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
     }
-    line = json.dumps(record)
-    print(line)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(line + "\n")
+    emit(record, args.output)
     return 0 if summary["failed"] == 0 else 1
 
 
