@@ -200,8 +200,8 @@ class LLMEngine:
             child_id = delta.request_id
             parent_id, index = parent_of[child_id]
             delta.request_id, delta.index = parent_id, index
-            if delta.finish_reason is not None:  # delta.finished, without the call
-                del self._parent_of[child_id]
+            if delta.finished:
+                del parent_of[child_id]
                 children = self._children[parent_id]
                 children.remove(child_id)
                 if not children:

@@ -95,7 +95,7 @@ class Scheduler:
         running, allocate_slots = self.running, self.kv.allocate_slots
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             new_blocks = allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = running.pop()
@@ -111,7 +111,7 @@ class Scheduler:
             cached_reqs.append(
                 CachedRequestData(
                     request.request_id,
-                    [b.block_id for b in new_blocks] if new_blocks else [],
+                    [b.block_id for b in new_blocks],
                     request.num_computed_tokens,
                 )
             )
@@ -223,7 +223,7 @@ class Scheduler:
                 num_cached_tokens=request.num_cached_tokens,
                 num_prompt_tokens=request.num_prompt_tokens,
             )
-            if request.check_stop(bool(grammar_ended) and request_id in grammar_ended):
+            if request.check_stop(request_id in grammar_ended):
                 self.running.remove(request)
                 self._release(request)
                 delta.finish_reason = request.status.finish_reason
