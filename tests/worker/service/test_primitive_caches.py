@@ -12,12 +12,15 @@ import sys
 from worker.service.primitive_caches import CAPACITY_VARIABLES, bound_primitive_caches
 
 # Linears over 400 token counts, as the worker runs them (bfloat16 through F.linear,
-# float32 on a weight packed for oneDNN); malloc's in-use growth, in MB.
+# float32 on a weight packed for oneDNN); malloc's in-use growth, in MB. Where the
+# CPU lacks fast bf16 (AVX2-only), torch's bf16 linear is not oneDNN's and caches
+# nothing, and the worker computes float32 there: only float32 is probed.
 PROBE = """
 import ctypes, json, sys
 from worker.service.primitive_caches import bound_primitive_caches
 bound_primitive_caches(int(sys.argv[1]))
 import torch
+from worker.runner.platform import cpu_has_fast_bf16
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
                 "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -27,11 +30,12 @@ torch.set_num_threads(1)
 def packed_float32(x, w):  # worker/layers/cpu_packed.py's float32 path
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 growth = {}
-for dtype, linear, w in (
-    (torch.bfloat16, torch.nn.functional.linear, torch.randn(256, 64, dtype=torch.bfloat16)),
-    (torch.float32, packed_float32,
-     torch.ops.mkldnn._reorder_linear_weight(torch.randn(256, 64), 64)),
-):
+probes = [(torch.float32, packed_float32,
+           torch.ops.mkldnn._reorder_linear_weight(torch.randn(256, 64), 64))]
+if cpu_has_fast_bf16():
+    probes.append((torch.bfloat16, torch.nn.functional.linear,
+                   torch.randn(256, 64, dtype=torch.bfloat16)))
+for dtype, linear, w in probes:
     linear(torch.randn(1, 64, dtype=dtype), w)
     before = libc.mallinfo2().uordblks
     for m in range(2, 402):
