@@ -52,18 +52,18 @@ def cpu_half_weights() -> bool:
     """Whether, on a CPU without native bf16, float32 linear weights that are exact
     bf16/fp16 values (a half checkpoint) are stored in that half dtype and widened
     in registers (worker/layers/cpu_half_f32.py). PAGODA_CPU_HALF_WEIGHTS: `copy`
-    (the default: half panels for 1-8 rows, plus oneDNN's float32 copy for more),
-    `1` (half only: the least memory, batched decode 1.05-1.23x the time), `0`
+    (the default: half panels for 1-128 rows, plus oneDNN's float32 copy for
+    more), `1` (half only: the least memory, prefill 1.04-1.14x the time), `0`
     (float32 only). Emulated AVX2, one thread: one-stream decode 0.35-0.54x the
-    float32 engine's time, 4-8 streams 0.47-0.76x, 32 streams and prefill level."""
+    float32 engine's time, 4-8 streams 0.47-0.76x."""
     value = os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy")
     return value in ("1", "true", "True", "copy")
 
 
 def cpu_half_weights_copy() -> bool:
-    """Whether half-stored linears also keep a float32 copy for more than 8 rows
-    (PAGODA_CPU_HALF_WEIGHTS=copy, the default): batched decode and prefill at
-    oneDNN's float32 speed, for 1.5x the float32 linear weights' memory."""
+    """Whether half-stored linears also keep a float32 copy for more than 128 rows
+    (PAGODA_CPU_HALF_WEIGHTS=copy, the default): prefill at oneDNN's float32
+    speed, for 1.5x the float32 linear weights' memory."""
     return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy") == "copy"
 
 

@@ -60,10 +60,19 @@ def test_bf16_checkpoint_runs_float32_over_bf16_weights(
 
 def test_bf16_checkpoint_with_float32_copies(avx2_cpu, make_checkpoint, hf_greedy, monkeypatch):
     # PAGODA_CPU_HALF_WEIGHTS=copy (the default): 1-8 rows over the bf16 panels
-    # (the GEMV), more (the prefill steps here) through oneDNN's float32 copy.
+    # (the GEMV), 9-128 (the 10-stream decode steps here) through the half GEMM,
+    # more (the 190-token prefill step) through oneDNN's float32 copy.
     monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    copy_rows: list[int] = []
+    packed_linear = cpu_half_f32.cpu_packed.packed_linear
+
+    def spy(x, weight, bias):
+        copy_rows.append(x.numel() // x.shape[-1])
+        return packed_linear(x, weight, bias)
+
+    monkeypatch.setattr(cpu_half_f32.cpu_packed, "packed_linear", spy)
     path = make_checkpoint("llama", dtype=torch.bfloat16)
-    prompts = random_prompts([1, 5, 13, 30], seed=5)
+    prompts = random_prompts([1, 5, 13, 30, 80, 40, 3, 7, 2, 9], seed=5)
     llm = LLM(str(path), **ENGINE)
     model = llm.engine.core.runner.model
     layers = [m for m in model.modules() if isinstance(m, LinearBase)]
@@ -73,6 +82,7 @@ def test_bf16_checkpoint_with_float32_copies(avx2_cpu, make_checkpoint, hf_greed
     assert model.lm_head.packed_f32 is not None
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, detokenize=False)]
     assert got == hf_greedy(path, prompts, MAX_TOKENS)
+    assert copy_rows and set(copy_rows) == {190}  # only the prefill, none of the decode steps
 
 
 def test_float32_checkpoint_keeps_float32_weights(avx2_cpu, make_checkpoint):

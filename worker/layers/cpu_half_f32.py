@@ -13,13 +13,15 @@ worker/layers/cpu_packed.py).
 
 By rows (half_linear): 1-8 (decode at low concurrency) through the GEMV
 (kernels/cpu/gemv_f32.cpp), which streams the bf16 panels at 82-91% of a plain
-read at one row; more through oneDNN's float32 copy (float32_copy) where
-PAGODA_CPU_HALF_WEIGHTS=copy, the default, else through gemm_half_f32.cpp,
-which is compute-bound there at 0.87-0.95x oneDNN's speed. Emulated AVX2 on a
-Zen 5, one thread, CPU time (bench/results/avx2-gemv/): SmolLM2's linears at
-one row 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32); the engine's one-stream
-decode 0.35-0.54x the time of float32 storage, 4-8 streams 0.47-0.76x,
-32 streams and prefill level with the copy (1.05-1.23x at 32 streams without).
+read at one row; 9-128 (batched decode) through gemm_half_f32.cpp; more
+(prefill) through oneDNN's float32 copy (float32_copy) where
+PAGODA_CPU_HALF_WEIGHTS=copy, the default, else the same GEMM. A decode step's
+linears read their weights from DRAM: there the half GEMM, reading half the
+bytes and prefetching its next panel, took 0.64-0.88x oneDNN's time at 9-128
+rows, and 1.04-1.14x at 256-1024, where both are compute-bound at ~80-87% of
+the FMA peak (emulated AVX2 on a Zen 4, 2 threads, bench/avx2_small_m_ab.py).
+One-row figures (emulated AVX2 on a Zen 5, one thread, bench/results/avx2-gemv/):
+SmolLM2's linears 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32).
 The copy costs memory: the half panels on top of the float32 weights, 1.5x the
 float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32 storage and
 382 MB for `1`, which keeps the half panels alone). So the copy is taken only
@@ -67,6 +69,9 @@ def _gemv_kernels():
 
 
 _GEMV_MAX_ROWS = 8
+# Up to here the half GEMM beats oneDNN's float32 copy (half the bytes from DRAM);
+# above it both are compute-bound and oneDNN's prefill blocking wins by 4-14%.
+_GEMM_MAX_ROWS = 128
 
 
 def exact_half_dtype(weight: torch.Tensor) -> torch.dtype | None:
@@ -100,7 +105,7 @@ def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
 
 def float32_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's packed float32 copy of float32 `weight` [N, K], kept beside its
-    half panels for more than 8 rows where PAGODA_CPU_HALF_WEIGHTS=copy; else None.
+    half panels for more than 128 rows where PAGODA_CPU_HALF_WEIGHTS=copy; else None.
     NOTE: call it only for a weight pack_if_lossless packed."""
     if not env.cpu_half_weights_copy() or not cpu_packed.can_pack(weight):
         return None
@@ -116,11 +121,11 @@ def _warn_no_copy(total: int, available: int) -> None:
     logger.warning(
         "half-stored float32 linears: no float32 copy from here on (%.1f of %.1f GiB "
         "available; a copy must leave %d%%): batches of more than %d rows take the "
-        "half GEMM, 0.8-0.95x oneDNN's speed",
+        "half GEMM, 0.88-0.96x oneDNN's speed there",
         available / 2**30,
         total / 2**30,
         round(_COPY_RESERVE * 100),
-        _GEMV_MAX_ROWS,
+        _GEMM_MAX_ROWS,
     )
 
 
@@ -131,14 +136,13 @@ def half_linear(
     f32: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels:
-    1-8 rows through the GEMV, more through `f32` (float32_copy's) where given,
-    else the panel GEMM. From 9 to 64 rows the GEMM is compute-bound and
-    0.87-0.95x oneDNN's speed (a 32-stream decode took 1.18-1.23x the time)."""
+    1-8 rows through the GEMV, 9-128 through the panel GEMM, more through `f32`
+    (float32_copy's) where given, else the panel GEMM."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
     if gemv is not None:
         kernel = gemv.gemv_half_f32_linear
-    elif f32 is not None:
+    elif f32 is not None and rows > _GEMM_MAX_ROWS:
         return cpu_packed.packed_linear(x, f32, bias)
     else:
         kernel = load_half_f32_kernels().half_panel_linear

@@ -60,7 +60,7 @@ def test_without_the_gemv_every_row_count_takes_the_gemm(calls, monkeypatch):
     assert calls == [("gemm", 1)]
 
 
-def test_a_float32_copy_takes_more_than_8_rows(calls, monkeypatch):
+def test_a_float32_copy_takes_more_than_128_rows(calls, monkeypatch):
     f32 = torch.zeros(48, 8)
     seen = []
 
@@ -70,9 +70,9 @@ def test_a_float32_copy_takes_more_than_8_rows(calls, monkeypatch):
         return torch.zeros(x.shape[0], 48)
 
     monkeypatch.setattr(cpu_half_f32.cpu_packed, "packed_linear", packed_linear)
-    cpu_half_f32.half_linear(torch.zeros(8, 8), PACKED, None, f32)
-    cpu_half_f32.half_linear(torch.zeros(9, 8), PACKED, None, f32)
-    assert calls == [("gemv", 8)] and seen == [9]
+    for rows in (8, 9, 128, 129):
+        cpu_half_f32.half_linear(torch.zeros(rows, 8), PACKED, None, f32)
+    assert calls == [("gemv", 8), ("gemm", 9), ("gemm", 128)] and seen == [129]
 
 
 @pytest.mark.parametrize(
