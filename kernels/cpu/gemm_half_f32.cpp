@@ -75,9 +75,13 @@ struct Panel<HalfBits<kBf16>> {
 // second set takes the odd k steps (two more independent FMA chains per
 // column half: 1-3 rows are otherwise FMA-latency bound).
 #define PAGODA_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+//
+// `wide`, where given (a half panel only), receives the panel widened to float32
+// as the k loop goes, for the row blocks after this one; `next` is then
+// prefetched a line per two k steps (see half_linear).
 template <int MR, int U, typename B, typename T>
 void tile(const float* x, int64_t row_step, int64_t k_step, const T* panel, int64_t k_len, const float* bias,
-          float* out, int64_t ldo) {
+          float* out, int64_t ldo, float* wide = nullptr, const char* next = nullptr) {
   static_assert(MR <= kMaxRows && (U == 1 || (U == 2 && MR <= 3)), "MR x U accumulators exceed the registers");
 #define PAGODA_DECLARE(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = c##i##0, d##i##0 = c##i##0, d##i##1 = c##i##0;
   PAGODA_ROWS(PAGODA_DECLARE)
@@ -101,6 +105,17 @@ void tile(const float* x, int64_t row_step, int64_t k_step, const T* panel, int6
       Panel<B>::at(panel + (k + 1) * kPanel, lo, hi);
       PAGODA_ROWS(PAGODA_D)
     }
+  if (wide != nullptr) {
+    for (; k < k_len; ++k) {
+      __m256 lo, hi;
+      const float* xk = x + k * k_step;
+      if (k % 2 == 0) _mm_prefetch(next + k * kPanel * 2, _MM_HINT_T1);
+      Panel<B>::at(panel + k * kPanel, lo, hi);
+      _mm256_storeu_ps(wide + k * kPanel, lo);
+      _mm256_storeu_ps(wide + k * kPanel + 8, hi);
+      PAGODA_ROWS(PAGODA_C)
+    }
+  }
   for (; k < k_len; ++k) {
     __m256 lo, hi;
     const float* xk = x + k * k_step;
@@ -185,20 +200,25 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
         const uint16_t* panel = packed + p * k_len * kPanel;
         const float* b = bias ? bias + p * kPanel : nullptr;
         float* o = out + m0 * n + p * kPanel;
-        // The next panel, a line per two k steps, while this one widens: in a decode
-        // step the weights come from DRAM, and without this each panel's read
-        // stalled before its row blocks ran (cold, 2 threads: 0.82-0.94x the time
-        // at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the last
-        // panel cannot fault.
+        // The first row block widens the panel as it goes and leaves it in `wide`
+        // for the others, and prefetches the next panel meanwhile: in a decode
+        // step the weights come from DRAM, and without the prefetch each panel's
+        // read stalled before its row blocks ran (cold, 2 threads: 0.82-0.94x the
+        // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
+        // last panel cannot fault.
         const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
-        for (int64_t k = 0; k < k_len; ++k) {
-          __m256 lo, hi;
-          if (k % 2 == 0) _mm_prefetch(next + k * kPanel * 2, _MM_HINT_T1);
-          Panel<HalfBits<kBf16>>::at(panel + k * kPanel, lo, hi);
-          _mm256_storeu_ps(wide.data() + k * kPanel, lo);
-          _mm256_storeu_ps(wide.data() + k * kPanel + 8, hi);
-        }
         int64_t m = 0;
+        if (block >= kMaxRows) {
+          tile<kMaxRows, 1, HalfBits<kBf16>>(xb, 1, kMaxRows, panel, k_len, b, o, n, wide.data(), next);
+          m = kMaxRows;
+        } else {
+          for (int64_t k = 0; k < k_len; ++k) {
+            __m256 lo, hi;
+            Panel<HalfBits<kBf16>>::at(panel + k * kPanel, lo, hi);
+            _mm256_storeu_ps(wide.data() + k * kPanel, lo);
+            _mm256_storeu_ps(wide.data() + k * kPanel + 8, hi);
+          }
+        }
         for (; m + kMaxRows <= block; m += kMaxRows)
           tile<kMaxRows, 1, float>(xb + m * k_len, 1, kMaxRows, wide.data(), k_len, b, o + m * n, n);
         if (m < block) {  // the padded last row block, through a scratch tile
