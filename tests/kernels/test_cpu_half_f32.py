@@ -28,9 +28,11 @@ def kernels(request):
 
 
 HALF = [torch.bfloat16, torch.float16]
-# Every code path: 1-3 rows (two chains), 4-6, 7-11 (several blocks, still
-# widened in registers), 12 up (panel widened once, rows packed, padded tail).
-ROWS = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 33]
+# Every code path: 1-3 rows (two chains), 4-6, 7-8 (several blocks, still
+# widened in registers), 9 up (rows packed, the first row block widens the panel
+# for the others, padded tail), 97 (a second 96-row pass of one row: no first
+# block to widen in, a plain widen loop).
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 33, 97]
 
 
 @pytest.mark.parametrize("dtype", HALF)
