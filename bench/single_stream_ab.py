@@ -38,7 +38,7 @@ def _set_plan(llm, on: bool, fused_attention: bool = True) -> None:
     model = llm.engine.core.runner.model.model
     model.decode_plan = build_decode_plan(model) if on else None
     if model.decode_plan and not fused_attention:
-        for layer in model.decode_plan.layers:
+        for layer in model.decode_plan.layers_for(1):
             layer.attend_qkv = lambda qkv, positions: None  # rotary + attention module
 
 
@@ -55,12 +55,15 @@ class GemvClock:
     wrappers before any plan binds them, so both paths call through them."""
 
     def __init__(self) -> None:
-        from kernels.cpu import load_gemv_kernels
+        from kernels.cpu import load_gemv_f32_kernels, load_gemv_kernels
 
         self.seconds = 0.0
         module = load_gemv_kernels()
         for name in ("gemv_bf16_linear", "gemv_bf16_linear_silu"):
             setattr(module, name, self._timed(getattr(module, name)))
+        half = load_gemv_f32_kernels()  # float32 over half weights (CPUs without fast bf16)
+        if half is not None:
+            half.gemv_half_f32_linear = self._timed(half.gemv_half_f32_linear)
 
     def _timed(self, kernel):
         clock = time.thread_time
@@ -99,14 +102,15 @@ def gemv_pass_ms(llm, passes: int = 20) -> float:
         return float("nan")
     spec = model.spec
     first = model.model.layers[0]
-    x = torch.randn(1, spec.hidden_size, dtype=torch.bfloat16)
-    xo = torch.randn(1, first.self_attn.o_proj.input_size, dtype=torch.bfloat16)
-    xd = torch.randn(1, first.mlp.down_proj.input_size, dtype=torch.bfloat16)
+    dtype = model.model.norm.weight.dtype  # bf16, or float32 over half weights
+    x = torch.randn(1, spec.hidden_size, dtype=dtype)
+    xo = torch.randn(1, first.self_attn.o_proj.input_size, dtype=dtype)
+    xd = torch.randn(1, first.mlp.down_proj.input_size, dtype=dtype)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(passes):
             start = time.thread_time()
-            for layer in plan.layers:
+            for layer in plan.layers_for(1):
                 layer.qkv(x)
                 layer.o(xo)
                 layer.gate_up_silu(x)

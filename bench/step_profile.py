@@ -169,13 +169,13 @@ _PLAN_CATEGORIES = {
 
 
 def _instrument_decode_plan(decoder, attribution: Attribution, stack: ExitStack, wrapped) -> None:
-    """Steps the plan runs (decode steps, any step of 1-6 rows) bypass the module
-    forwards: wrap the plan's calls instead, in both of its layer lists (GEMV and
-    panel linears; the lists share their other calls, each wrapped in each)."""
+    """Steps the plan runs (decode steps, any step up to the GEMV's rows) bypass the
+    module forwards: wrap the plan's calls instead, in each of its layer lists (one
+    per linear kernel; the lists share their other calls, each wrapped in each)."""
     plan = getattr(decoder, "decode_plan", None)
     if not plan:  # None or False (not built: warm_up decodes, so it would be)
         return
-    for layer in [*plan.layers, *plan.panel_layers]:  # __slots__: setattr, never delattr
+    for layer in [layer for layers in plan.layer_lists for layer in layers]:  # __slots__: setattr
         for attr, category in _PLAN_CATEGORIES.items():
             original = getattr(layer, attr)
             setattr(layer, attr, attribution.wrap(original, category))
@@ -183,7 +183,7 @@ def _instrument_decode_plan(decoder, attribution: Attribution, stack: ExitStack,
     original = plan.final_norm
     plan.final_norm = attribution.wrap(original, "norms")
     stack.callback(setattr, plan, "final_norm", original)
-    wrapped.append(f"decode plan ({len(plan.layers)} layers)")
+    wrapped.append(f"decode plan ({len(plan.layer_lists[0])} layers)")
 
 
 def timer_overhead_s(clock=time.perf_counter, n: int = 20000) -> float:

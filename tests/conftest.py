@@ -61,6 +61,24 @@ def hf_greedy():
     return generate
 
 
+@pytest.fixture
+def avx2_cpu(monkeypatch):
+    """The engine as on an AVX2-only CPU: no fast bf16, the AVX2 half kernels
+    (the GEMM and the 1-8 row GEMV)."""
+    from kernels.cpu import cpu_runs, load_gemv_f32_kernels, load_half_f32_kernels
+    from worker.layers import cpu_half_f32
+
+    if not cpu_runs("avx2"):
+        pytest.skip("this CPU cannot run the AVX2 build (it lacks AVX2, FMA or F16C)")
+    kernels, gemv = load_half_f32_kernels("avx2"), load_gemv_f32_kernels("avx2")
+    if kernels is None or gemv is None:
+        pytest.skip("no C++ toolchain to build the CPU kernels")
+    monkeypatch.setattr("worker.runner.platform.cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(cpu_half_f32, "_kernels", lambda: kernels)
+    monkeypatch.setattr(cpu_half_f32, "load_half_f32_kernels", lambda: kernels)
+    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: gemv)
+
+
 @pytest.fixture(scope="session")
 def redis_url():
     """A real Redis: the one on 127.0.0.1:6379 if it answers, else our own redis-server."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import cpu_runs, load_gemv_f32_kernels, load_half_f32_kernels
 from tests.conftest import random_prompts
 from worker import LLM, SamplingParams
 from worker.layers import cpu_half_f32
@@ -17,20 +16,6 @@ from worker.layers.linear import LinearBase
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 ENGINE = dict(block_size=4, max_model_len=96, num_kv_blocks=200)
-
-
-@pytest.fixture
-def avx2_cpu(monkeypatch):
-    """The engine as on an AVX2-only CPU: no fast bf16, the AVX2 half kernels
-    (the GEMM and the 1-8 row GEMV)."""
-    if not cpu_runs("avx2"):
-        pytest.skip("this CPU cannot run the AVX2 build (it lacks AVX2, FMA or F16C)")
-    kernels, gemv = load_half_f32_kernels("avx2"), load_gemv_f32_kernels("avx2")
-    if kernels is None or gemv is None:
-        pytest.skip("no C++ toolchain to build the CPU kernels")
-    monkeypatch.setattr("worker.runner.platform.cpu_has_fast_bf16", lambda: False)
-    monkeypatch.setattr(cpu_half_f32, "_kernels", lambda: kernels)
-    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: gemv)
 
 
 def _linear_weights(llm: LLM) -> list[torch.Tensor]:

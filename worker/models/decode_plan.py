@@ -7,9 +7,12 @@ goes through ~8 module forwards, the quant method, the packed-linear router
 thread time per layer that decides the same thing every step. Here those
 decisions are taken once per model: each layer becomes a `LayerPlan` of
 closures over the very kernels and arguments the module path would call, and
-`DecodePlan.forward` runs them in a flat loop. Each layer is bound twice, once
-over the GEMV kernels (steps of 1-6 rows) and once over the panel kernel (more
-rows), as cpu_packed routes a step's rows; the step picks one list. On a
+`DecodePlan.forward` runs them in a flat loop. Each layer is bound once per
+kernel its linears route a step's rows to, and the step picks one list: bf16
+panels (AVX512-BF16) over the GEMV kernels (1-6 rows) and the panel kernel
+(more), as cpu_packed routes them; float32 compute over half-stored weights
+(AVX2, worker/layers/cpu_half_f32.py) over its GEMV (1-8 rows), its panel GEMM
+(9-128) and oneDNN's float32 copy (more), as half_linear routes them. On a
 decode-only step RoPE, the KV-cache write and the decode kernel go in one fused
 call from the QKV rows (rope_write_kv, kernels/cpu/elementwise.cpp; then the
 decode kernel), without the split, the views and the attention module. The
@@ -17,16 +20,16 @@ kernels, their arguments and their order are those of the module path, so the
 results are bit for bit the same (tests/worker/models/test_decode_plan.py); the
 module path stays the twin.
 
-The model runs the plan for steps of 1-6 rows of any kind (a step with prefill
-rows takes the split, the rotary kernel and the attention module in the plan's
-loop) and for decode-only steps of any size (`covers`); a larger step with
-prefill rows keeps the module path.
+The model runs the plan for steps of up to the GEMV's rows of any kind (a step
+with prefill rows takes the split, the rotary kernel and the attention module in
+the plan's loop) and for decode-only steps of any size (`covers`); a larger step
+with prefill rows keeps the module path.
 
 `build_decode_plan` returns None (the model keeps its module path) unless every
-layer is the plain shape this covers: one rank, no q/k norm, unquantized panel-
-packed bf16 weights with the GEMV and panel kernels, the fused norm and RoPE
-kernels, no bias on o_proj and down_proj (RowParallelLinear adds theirs after
-the sum).
+layer is the plain shape this covers: one rank, no q/k norm, unquantized
+weights in one of the two formats above with their kernels, the fused norm and
+RoPE kernels, no bias on o_proj and down_proj (RowParallelLinear adds theirs
+after the sum).
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ import torch
 
 from kernels.cpu import load_cpu_kernels
 from worker.attention import forward_context
-from worker.layers import cpu_packed
+from worker.layers import cpu_half_f32, cpu_packed
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 
-# The rows cpu_packed sends to the GEMV kernels; more go to the panel kernel.
+# The rows cpu_packed sends to the bf16 GEMV kernels; more go to the panel kernel.
 MAX_ROWS = cpu_packed.GEMV_MAX_ROWS
+
+# A linear module -> its call on x [tokens, in] contiguous, for one row range.
+Binder = Callable[[object], Callable[[torch.Tensor], torch.Tensor]]
 
 
 class LayerPlan:
@@ -68,30 +74,35 @@ class LayerPlan:
 class DecodePlan:
     def __init__(
         self,
-        layers: list[LayerPlan],
-        panel_layers: list[LayerPlan],
+        row_limits: list[int],
+        layer_lists: list[list[LayerPlan]],
         sizes: list[int],
         final_norm: Callable,
     ) -> None:
-        self.layers = layers  # linears on the GEMV kernels: steps of 1-MAX_ROWS rows
-        self.panel_layers = panel_layers  # on the panel kernel: more rows
+        # layer_lists[i] binds the kernels steps of up to row_limits[i] rows take (and
+        # more than row_limits[i - 1]); the last list takes any larger step.
+        self.row_limits = row_limits
+        self.layer_lists = layer_lists
+        self.max_rows = row_limits[0]  # a step of any kind up to here (the GEMV's rows)
         self.sizes = sizes  # [q_size, kv_size, kv_size]
         self.final_norm = final_norm
 
-    @staticmethod
-    def covers(num_rows: int) -> bool:
-        """Whether a step of num_rows rows runs here: 1-MAX_ROWS rows of any kind,
+    def covers(self, num_rows: int) -> bool:
+        """Whether a step of num_rows rows runs here: 1-max_rows rows of any kind,
         more only where every row decodes (no prefill rows in the step's metadata)."""
-        if num_rows <= MAX_ROWS:
+        if num_rows <= self.max_rows:
             return True
         # Backends without the decode/prefill partition keep the module path.
         prefills = getattr(forward_context._current, "prefills", None)
         return prefills is not None and not prefills
 
     def layers_for(self, num_rows: int) -> list[LayerPlan]:
-        """The layers on the kernels cpu_packed routes num_rows rows to (GEMV or panel):
+        """The layers on the kernels num_rows rows route to (GEMV, panel, copy):
         decided once per step, not per linear."""
-        return self.layers if num_rows <= MAX_ROWS else self.panel_layers
+        for limit, layers in zip(self.row_limits, self.layer_lists, strict=True):
+            if num_rows <= limit:
+                return layers
+        return self.layer_lists[-1]
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """hidden: the embedded rows [tokens, hidden] -> the final norm's output."""
@@ -122,24 +133,26 @@ def build_decode_plan(model) -> DecodePlan | None:
 
     layers = list(model.layers)
     weight = model.norm.weight
-    if not layers or not weight.is_cpu or weight.dtype != torch.bfloat16:
+    if not layers or not weight.is_cpu or model.embed_tokens.tp_size != 1:
         return None
-    if model.embed_tokens.tp_size != 1:
+    if weight.dtype == torch.bfloat16:
+        is_linear, routes = _is_bf16_panel_linear, _bf16_routes
+    elif weight.dtype == torch.float32:
+        is_linear, routes = _is_half_f32_linear, _half_f32_routes
+    else:
         return None
-    if not all(_is_panel_linear(layer.self_attn.qkv_proj) for layer in layers):
+    if not all(is_linear(layer.self_attn.qkv_proj) for layer in layers):
         return None  # before asking for the GEMV kernels: they build on first ask
-    gemv = cpu_packed._gemv_kernels()
-    panel = load_cpu_kernels()  # cpu_packed's kernel for more than MAX_ROWS rows
     elementwise = fused_elementwise_kernels(weight)
-    if gemv is None or elementwise is None or panel is None or not panel.bf16_gemm_supported():
+    bound = routes(elementwise) if elementwise is not None else None
+    if bound is None:
         return None
-    gemv_kernels = (gemv.gemv_bf16_linear, gemv.gemv_bf16_linear_silu)
-    panel_kernels = (panel.bf16_panel_linear, panel.bf16_panel_linear_silu)
-    plans, panel_plans = [], []
+    row_limits = [limit for limit, _, _ in bound]
+    layer_lists: list[list[LayerPlan]] = [[] for _ in bound]
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if attn.qk_norm or not all(_is_panel_linear(lin) for lin in linears):
+        if attn.qk_norm or not all(is_linear(lin) for lin in linears):
             return None
         if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
             return None
@@ -150,9 +163,9 @@ def build_decode_plan(model) -> DecodePlan | None:
         if len(sizes) != 2 or sizes[0] != sizes[1] or gate_up.weight.shape[0] % 2:
             return None
         rope = attn.rotary_emb
-        if rope.cos_cache.dtype != torch.bfloat16:
+        if rope.cos_cache.dtype != weight.dtype:
             return None
-        # Both lists share the calls that do not depend on the row count.
+        # Every list shares the calls that do not depend on the row count.
         shared = dict(
             in_norm=_norm(elementwise, layer.input_layernorm),
             rotary=_rotary(elementwise, rope),
@@ -160,18 +173,26 @@ def build_decode_plan(model) -> DecodePlan | None:
             attend_qkv=_attend_qkv(attn.attn, rope),
             post_norm=_norm(elementwise, layer.post_attention_layernorm),
         )
-        plans.append(LayerPlan(**shared, **_linears(*gemv_kernels, layer)))
-        panel_plans.append(LayerPlan(**shared, **_linears(*panel_kernels, layer)))
+        for plans, (_, bind, bind_silu) in zip(layer_lists, bound, strict=True):
+            plans.append(
+                LayerPlan(
+                    **shared,
+                    qkv=bind(attn.qkv_proj),
+                    o=bind(attn.o_proj),
+                    gate_up_silu=bind_silu(gate_up),
+                    down=bind(mlp.down_proj),
+                )
+            )
     first = layers[0].self_attn
     return DecodePlan(
-        plans,
-        panel_plans,
+        row_limits,
+        layer_lists,
         [first.q_size, first.kv_size, first.kv_size],
         _norm(elementwise, model.norm),
     )
 
 
-def _is_panel_linear(linear) -> bool:
+def _is_bf16_panel_linear(linear) -> bool:
     return (
         type(linear.quant_method) is UnquantizedLinearMethod
         and getattr(linear, "weight_is_packed", False)
@@ -180,25 +201,71 @@ def _is_panel_linear(linear) -> bool:
     )
 
 
-def _linears(linear, linear_silu, layer) -> dict[str, Callable]:
-    """A layer's four linears on one kernel pair (x [tokens, in] contiguous, as the
-    model's rows are: what cpu_packed._over_rows passes straight on)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return dict(
-        qkv=_linear(linear, attn.qkv_proj),
-        o=_linear(linear, attn.o_proj),
-        gate_up_silu=_linear(linear_silu, mlp.gate_up_proj),
-        down=_linear(linear, mlp.down_proj),
+def _is_half_f32_linear(linear) -> bool:
+    return type(linear.quant_method) is UnquantizedLinearMethod and getattr(
+        linear, "weight_is_half_f32", False
     )
 
 
-def _linear(kernel, linear) -> Callable:
-    packed, bias = linear.weight, linear.bias
+def _bf16_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
+    """cpu_packed's routes: the GEMV kernels up to MAX_ROWS rows, the panel kernel above."""
+    gemv = cpu_packed._gemv_kernels()
+    panel = load_cpu_kernels()
+    if gemv is None or panel is None or not panel.bf16_gemm_supported():
+        return None
+    return [
+        (MAX_ROWS, _binder(gemv.gemv_bf16_linear), _binder(gemv.gemv_bf16_linear_silu)),
+        (
+            torch.iinfo(torch.int64).max,
+            _binder(panel.bf16_panel_linear),
+            _binder(panel.bf16_panel_linear_silu),
+        ),
+    ]
 
-    def call(x):
-        return kernel(x, packed, bias)
 
-    return call
+def _half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
+    """cpu_half_f32.half_linear's routes: its GEMV, its panel GEMM, then oneDNN's float32
+    copy where the layer has one. The gate/up SiLU is the activation kernel after the
+    linear, as the module path (SiluAndMul) runs it."""
+    gemv = cpu_half_f32._gemv_kernels()
+    gemm = cpu_half_f32.load_half_f32_kernels()  # what half_linear calls
+    if gemv is None or gemm is None:
+        return None
+    silu_and_mul = elementwise.silu_and_mul
+
+    def with_silu(bind: Binder) -> Binder:
+        def bind_silu(linear):
+            call = bind(linear)
+            return lambda x: silu_and_mul(call(x))
+
+        return bind_silu
+
+    def copy_or_gemm(linear):
+        if linear.weight_f32 is None:
+            return _binder(gemm.half_panel_linear)(linear)
+        weight, bias, kernel = linear.weight_f32, linear.bias, cpu_packed.packed_linear
+        return lambda x: kernel(x, weight, bias)
+
+    routes = [
+        (cpu_half_f32._GEMV_MAX_ROWS, _binder(gemv.gemv_half_f32_linear)),
+        (cpu_half_f32._GEMM_MAX_ROWS, _binder(gemm.half_panel_linear)),
+        (torch.iinfo(torch.int64).max, copy_or_gemm),
+    ]
+    return [(limit, bind, with_silu(bind)) for limit, bind in routes]
+
+
+def _binder(kernel) -> Binder:
+    """kernel(x, packed, bias) bound to a linear's own weight and bias."""
+
+    def bind(linear):
+        packed, bias = linear.weight, linear.bias
+
+        def call(x):
+            return kernel(x, packed, bias)
+
+        return call
+
+    return bind
 
 
 def _norm(kernels, norm) -> Callable:

@@ -72,13 +72,14 @@ def test_plan_matches_the_module_path(make_checkpoint, arch):
     steps: list = []
     _record_steps(model, steps)
     fused = []
-    attend = plan.panel_layers[0].attend_qkv
+    panel_layers = plan.layers_for(decode_plan.MAX_ROWS + 1)
+    attend = panel_layers[0].attend_qkv
 
     def traced_attend(qkv, positions):
         fused.append(attend(qkv, positions))
         return fused[-1]
 
-    plan.panel_layers[0].attend_qkv = traced_attend
+    panel_layers[0].attend_qkv = traced_attend
     with_plan = [_generate(llm, prompts) for prompts in _batches()]
     # Every decode-only step ran the plan, at every batch size; the others did not
     # (above 6 rows), and the fused attention ran on the panel rows.
@@ -86,9 +87,9 @@ def test_plan_matches_the_module_path(make_checkpoint, arch):
     assert decode_rows >= set(STREAMS)
     assert all(ran == (rows <= decode_plan.MAX_ROWS or not prefill) for rows, prefill, ran in steps)
     assert fused and all(out is not None for out in fused)
-    assert plan.panel_layers[0].qkv is not plan.layers[0].qkv
+    assert panel_layers[0].qkv is not plan.layers_for(1)[0].qkv
     # The plan's unfused attention (a cascade's steps take it) at panel rows too.
-    for layer in plan.panel_layers:
+    for layer in panel_layers:
         layer.attend_qkv = lambda qkv, positions: None
     unfused = [_generate(llm, prompts) for prompts in _batches()]
     model.decode_plan = None  # the module path from now on
@@ -176,3 +177,69 @@ def test_no_plan_for_float32(make_checkpoint):
     llm = LLM(str(make_checkpoint("llama")), **{**ENGINE, "dtype": "float32"})
     llm.generate(random_prompts([6], seed=5), PARAMS, detokenize=False)
     assert llm.engine.core.runner.model.model.decode_plan is None
+
+
+# Float32 compute over half-stored weights (an AVX2-only CPU, emulated by avx2_cpu):
+# 1-8 streams on the half GEMV, 9-128 on the half panel GEMM, more on oneDNN's copy.
+HALF_F32_ENGINE = {**ENGINE, "dtype": "float32", "num_kv_blocks": 2048}
+HALF_F32_STREAMS = [1, 8, 9, 37, 130]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: a bias on qkv_proj
+def test_half_f32_plan_matches_the_module_path(avx2_cpu, make_checkpoint, arch):
+    llm = LLM(str(make_checkpoint(arch, dtype=torch.bfloat16)), **HALF_F32_ENGINE)
+    model = llm.engine.core.runner.model.model
+    llm.generate(random_prompts([5]), PARAMS, detokenize=False)  # builds the plan
+    plan = model.decode_plan
+    assert plan not in (None, False), "the plan was not built"
+    assert plan.row_limits[:2] == [8, 128] and plan.max_rows == 8
+    steps: list = []
+    _record_steps(model, steps)
+    batches = [
+        random_prompts([3 + (7 * i + n) % 28 for i in range(n)], seed=n) for n in HALF_F32_STREAMS
+    ]
+    with_plan = [_generate(llm, prompts) for prompts in batches]
+    decode_rows = {rows for rows, prefill, ran in steps if not prefill and ran}
+    assert decode_rows >= set(HALF_F32_STREAMS)
+    assert all(ran == (rows <= 8 or not prefill) for rows, prefill, ran in steps)
+    model.decode_plan = None  # the module path from now on
+    assert with_plan == [_generate(llm, prompts) for prompts in batches]
+
+
+def test_half_f32_plan_binds_the_kernels_half_linear_routes_to(
+    avx2_cpu, make_checkpoint, monkeypatch
+):
+    """Row for row, the plan's linears give what half_linear gives, through the same
+    kernel (GEMV, panel GEMM, oneDNN's float32 copy), and the gate/up SiLU is the
+    activation kernel's."""
+    from worker.layers import cpu_half_f32
+    from worker.layers.activation import SiluAndMul
+
+    llm = LLM(str(make_checkpoint("qwen2", dtype=torch.bfloat16)), **HALF_F32_ENGINE)
+    model = llm.engine.core.runner.model.model
+    copies: list[int] = []
+    packed_linear = cpu_packed.packed_linear
+
+    def spy(x, weight, bias):
+        copies.append(x.shape[0])
+        return packed_linear(x, weight, bias)
+
+    monkeypatch.setattr(cpu_packed, "packed_linear", spy)
+    plan = decode_plan.build_decode_plan(model)  # binds the spy
+    qkv, gate_up = model.layers[0].self_attn.qkv_proj, model.layers[0].mlp.gate_up_proj
+    assert qkv.weight_is_half_f32 and qkv.weight_f32 is not None
+    generator = torch.Generator().manual_seed(0)
+    for rows in (1, 8, 9, 128, 129, 300):
+        x = torch.randn(rows, qkv.input_size, generator=generator)
+        copies.clear()
+        module_out = (
+            cpu_half_f32.half_linear(x, qkv.weight, qkv.bias, qkv.weight_f32),
+            SiluAndMul()(cpu_half_f32.half_linear(x, gate_up.weight, None, gate_up.weight_f32)),
+        )
+        module_copies = list(copies)
+        copies.clear()
+        layer = plan.layers_for(rows)[0]
+        plan_out = (layer.qkv(x), layer.gate_up_silu(x))
+        assert module_copies == ([rows, rows] if rows > 128 else []), rows
+        assert copies == module_copies, rows
+        assert all(torch.equal(a, b) for a, b in zip(plan_out, module_out, strict=True)), rows
