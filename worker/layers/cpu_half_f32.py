@@ -17,9 +17,10 @@ read at one row; 9-128 (batched decode) through gemm_half_f32.cpp; more
 (prefill) through oneDNN's float32 copy (float32_copy) where
 PAGODA_CPU_HALF_WEIGHTS=copy, the default, else the same GEMM. A decode step's
 linears read their weights from DRAM: there the half GEMM, reading half the
-bytes and prefetching its next panel, took 0.64-0.88x oneDNN's time at 9-128
-rows, and 1.04-1.14x at 256-1024, where both are compute-bound at ~80-87% of
-the FMA peak (emulated AVX2 on a Zen 4, 2 threads, bench/avx2_small_m_ab.py).
+bytes and prefetching its next panel, took 0.46-0.91x oneDNN's time at 9-128
+rows (84-90% of the FMA peak on the layers' linears at 36 rows, oneDNN 57-68%),
+and 1.04-1.14x at 256-1024, where both are compute-bound at ~75-87% of the
+peak (emulated AVX2 on a Zen 4, 2 threads, bench/avx2_small_m_ab.py).
 One-row figures (emulated AVX2 on a Zen 5, one thread, bench/results/avx2-gemv/):
 SmolLM2's linears 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32).
 The copy costs memory: the half panels on top of the float32 weights, 1.5x the
