@@ -208,23 +208,17 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
         // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
         // last panel cannot fault.
         const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
+        auto row_block = [&](int64_t m, float* dst, int64_t ld) {
+          if (m == 0)
+            tile<kMaxRows, 1, HalfBits<kBf16>>(xb, 1, kMaxRows, panel, k_len, b, dst, ld, wide.data(), next);
+          else
+            tile<kMaxRows, 1, float>(xb + m * k_len, 1, kMaxRows, wide.data(), k_len, b, dst, ld);
+        };
         int64_t m = 0;
-        if (block >= kMaxRows) {
-          tile<kMaxRows, 1, HalfBits<kBf16>>(xb, 1, kMaxRows, panel, k_len, b, o, n, wide.data(), next);
-          m = kMaxRows;
-        } else {
-          for (int64_t k = 0; k < k_len; ++k) {
-            __m256 lo, hi;
-            Panel<HalfBits<kBf16>>::at(panel + k * kPanel, lo, hi);
-            _mm256_storeu_ps(wide.data() + k * kPanel, lo);
-            _mm256_storeu_ps(wide.data() + k * kPanel + 8, hi);
-          }
-        }
-        for (; m + kMaxRows <= block; m += kMaxRows)
-          tile<kMaxRows, 1, float>(xb + m * k_len, 1, kMaxRows, wide.data(), k_len, b, o + m * n, n);
+        for (; m + kMaxRows <= block; m += kMaxRows) row_block(m, o + m * n, n);
         if (m < block) {  // the padded last row block, through a scratch tile
           float last[kMaxRows * kPanel];
-          tile<kMaxRows, 1, float>(xb + m * k_len, 1, kMaxRows, wide.data(), k_len, b, last, kPanel);
+          row_block(m, last, kPanel);
           for (int64_t i = 0; i < block - m; ++i)
             std::memcpy(o + (m + i) * n, last + i * kPanel, sizeof(float) * kPanel);
         }
