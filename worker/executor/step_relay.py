@@ -73,6 +73,13 @@ def connect_to_relay(host: str, port: int, timeout: float) -> socket.socket:
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=5)
+            if sock.getsockname() == sock.getpeername():
+                # NOTE: dialling a loopback port in the ephemeral range before anyone
+                # listens can pick that very port as our own end (TCP simultaneous
+                # open): connected to ourselves, we would hold the port node 0 is
+                # about to bind ("Address already in use" there, a hang here).
+                sock.close()
+                raise ConnectionRefusedError("connected to itself")
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
