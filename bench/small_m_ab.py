@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from worker.layers import cpu_packed
+from worker.huge_pages import place_weight
 
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -144,9 +144,9 @@ def step_weights(pack, gen: torch.Generator, hot: bool) -> list[tuple[str, torch
                 out.append(out[list(SHAPES).index(kind)])  # layer 0's
                 continue
             w = (torch.randn(*shape, generator=gen) * 0.05).to(torch.bfloat16)
-            out.append((kind, cpu_packed._arena.place(pack(w))))
+            out.append((kind, place_weight(pack(w))))
     w = (torch.randn(*LM_HEAD, generator=gen) * 0.05).to(torch.bfloat16)
-    out.append(("lm_head", cpu_packed._arena.place(pack(w))))
+    out.append(("lm_head", place_weight(pack(w))))
     return out
 
 

@@ -41,6 +41,7 @@ import torch
 from kernels.cpu import load_gemv_f32_kernels, load_half_f32_kernels
 from shared import env
 from shared.logging import get_logger
+from worker.huge_pages import place_weight
 from worker.layers import cpu_packed
 from worker.meminfo import meminfo as _meminfo
 
@@ -101,7 +102,7 @@ def pack_if_lossless(weight: torch.Tensor) -> torch.Tensor | None:
     if dtype is None:
         return None
     _gemv_kernels()  # built now, at load, not at the first decode step
-    return kernels.pack_half_panels(weight.to(dtype))
+    return place_weight(kernels.pack_half_panels(weight.to(dtype)))
 
 
 def float32_copy(weight: torch.Tensor) -> torch.Tensor | None:

@@ -19,13 +19,12 @@ bf16 kernels for).
 from __future__ import annotations
 
 import functools
-import mmap
 
 import torch
 
 from kernels.cpu import load_cpu_kernels, load_gemv_kernels
 from shared import env
-from worker.huge_pages import huge_page_mapping
+from worker.huge_pages import place_weight
 
 # oneDNN picks the blocked layout for this many rows; the packed weight still
 # takes any number of rows (and gives the same results).
@@ -71,37 +70,6 @@ def _panel_kernels(weight: torch.Tensor):
     return kernels if kernels is not None and kernels.bf16_gemm_supported() else None
 
 
-class _HugePageArena:
-    """Panels side by side in huge pages (worker/huge_pages.py). A decode step
-    streams every layer's weights: 30 layers of SmolLM2 panels at 32 rows took
-    12.0 ms in 4 KiB pages, 11.1 ms in huge pages. Pages fault in as panels are
-    copied in, so untouched tail space costs nothing."""
-
-    _CHUNK = 64 * 2**20
-    _ALIGN = 64
-
-    def __init__(self) -> None:
-        self.region: mmap.mmap | None = None
-        self.used = 0
-
-    def place(self, packed: torch.Tensor) -> torch.Tensor:
-        """A copy of `packed` in the arena (the same tensor where the OS has no
-        huge-page advice)."""
-        num_bytes = packed.numel() * packed.element_size()
-        if self.region is None or self.used + num_bytes > len(self.region):
-            region = huge_page_mapping(max(self._CHUNK, num_bytes))
-            if region is None:
-                return packed
-            self.region, self.used = region, 0
-        # The view keeps its region alive through the buffer protocol.
-        raw = torch.frombuffer(self.region, dtype=torch.uint8, count=num_bytes, offset=self.used)
-        self.used += -(-num_bytes // self._ALIGN) * self._ALIGN
-        return raw.view(packed.dtype).view(packed.shape).copy_(packed)
-
-
-_arena = _HugePageArena()
-
-
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] strided -> the panel kernel's [out / 32, in / 2, 64] where it
     applies (placed in huge pages), else [out, in] in oneDNN's opaque layout
@@ -109,7 +77,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     kernels = _panel_kernels(weight)
     if kernels is not None:
         _gemv_kernels()  # built now, at load, not at the first decode step
-        return _arena.place(kernels.pack_bf16_panels(weight))
+        return place_weight(kernels.pack_bf16_panels(weight))
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS_HINT)
 
 

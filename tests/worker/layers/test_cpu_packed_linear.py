@@ -3,8 +3,6 @@ oneDNN's layout), against F.linear."""
 
 from __future__ import annotations
 
-import mmap
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,17 +140,3 @@ def test_tied_lm_head_packs_a_copy_and_keeps_the_embedding(vocab):
     logits = head.compute_logits(hidden)
     assert logits.shape == (5, vocab)
     assert bool(((logits.float() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all())
-
-
-@pytest.mark.skipif(
-    _kernels is None or not _kernels.bf16_gemm_supported() or not hasattr(mmap, "MADV_HUGEPAGE"),
-    reason="panels go to the huge-page arena only with the AVX512-BF16 kernel and madvise",
-)
-def test_panels_are_placed_side_by_side_in_the_arena():
-    arena = cpu_packed._HugePageArena()
-    first = arena.place(_kernels.pack_bf16_panels(torch.ones(32, 6, dtype=torch.bfloat16)))
-    second = arena.place(_kernels.pack_bf16_panels(torch.full((64, 8), 2.0, dtype=torch.bfloat16)))
-    # 32 x 6 bf16 = 384 bytes, already a multiple of the 64-byte alignment
-    assert second.data_ptr() - first.data_ptr() == 384
-    assert first.shape == (1, 3, 64) and bool((first == 1).all())
-    assert second.shape == (2, 4, 64) and bool((second == 2).all())
