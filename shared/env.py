@@ -51,20 +51,22 @@ def cpu_isa() -> str:
 def cpu_half_weights() -> bool:
     """Whether, on a CPU without native bf16, float32 linear weights that are exact
     bf16/fp16 values (a half checkpoint) are stored in that half dtype and widened
-    in registers (worker/layers/cpu_half_f32.py). PAGODA_CPU_HALF_WEIGHTS: `copy`
-    (the default: half panels for 1-128 rows, plus oneDNN's float32 copy for
-    more), `1` (half only: the least memory, prefill 1.04-1.14x the time), `0`
-    (float32 only). Emulated AVX2, one thread: one-stream decode 0.35-0.54x the
-    float32 engine's time, 4-8 streams 0.47-0.76x."""
-    value = os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy")
+    in registers (worker/layers/cpu_half_f32.py). PAGODA_CPU_HALF_WEIGHTS: `1`
+    (the default: half panels alone, for every row count), `copy` (plus oneDNN's
+    float32 copy for more than 128 rows: 1.5x the float32 linears' memory, for
+    no prefill speed on a Zen 3), `0` (float32 only). Emulated AVX2, one thread:
+    one-stream decode 0.35-0.54x the float32 engine's time, 4-8 streams 0.47-0.76x."""
+    value = os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "1")
     return value in ("1", "true", "True", "copy")
 
 
 def cpu_half_weights_copy() -> bool:
     """Whether half-stored linears also keep a float32 copy for more than 128 rows
-    (PAGODA_CPU_HALF_WEIGHTS=copy, the default): prefill at oneDNN's float32
-    speed, for 1.5x the float32 linear weights' memory."""
-    return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "copy") == "copy"
+    (PAGODA_CPU_HALF_WEIGHTS=copy): prefill through oneDNN's float32 linear, for
+    1.5x the float32 linear weights' memory. Not the default: on a real Zen 3 the
+    half GEMM is level with it at prefill (offline `prefill`, 7 pairs: throughput
+    half/copy median 1.02, 530 MiB less peak memory for SmolLM2-135M)."""
+    return os.environ.get("PAGODA_CPU_HALF_WEIGHTS", "1") == "copy"
 
 
 def cpu_prefill_kernel() -> bool:

@@ -27,9 +27,9 @@ def _linear_weights(llm: LLM) -> list[torch.Tensor]:
 def test_bf16_checkpoint_runs_float32_over_bf16_weights(
     avx2_cpu, make_checkpoint, hf_greedy, arch, monkeypatch
 ):
-    # PAGODA_CPU_HALF_WEIGHTS=1: no float32 copies; more than 8 rows (prefill)
-    # through gemm_half_f32.cpp.
-    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "1")
+    # PAGODA_CPU_HALF_WEIGHTS=1 (the default): no float32 copies; more than 8 rows
+    # (prefill) through gemm_half_f32.cpp.
+    monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
     path = make_checkpoint(arch, dtype=torch.bfloat16)
     prompts = random_prompts([1, 5, 13, 30], seed=4)
     llm = LLM(str(path), **ENGINE)
@@ -44,10 +44,10 @@ def test_bf16_checkpoint_runs_float32_over_bf16_weights(
 
 
 def test_bf16_checkpoint_with_float32_copies(avx2_cpu, make_checkpoint, hf_greedy, monkeypatch):
-    # PAGODA_CPU_HALF_WEIGHTS=copy (the default): 1-8 rows over the bf16 panels
-    # (the GEMV), 9-128 (the 10-stream decode steps here) through the half GEMM,
-    # more (the 190-token prefill step) through oneDNN's float32 copy.
-    monkeypatch.delenv("PAGODA_CPU_HALF_WEIGHTS", raising=False)
+    # PAGODA_CPU_HALF_WEIGHTS=copy: 1-8 rows over the bf16 panels (the GEMV), 9-128
+    # (the 10-stream decode steps here) through the half GEMM, more (the
+    # 190-token prefill step) through oneDNN's float32 copy.
+    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "copy")
     copy_rows: list[int] = []
     packed_linear = cpu_half_f32.cpu_packed.packed_linear
 

@@ -13,9 +13,9 @@ worker/layers/cpu_packed.py).
 
 By rows (half_linear): 1-8 (decode at low concurrency) through the GEMV
 (kernels/cpu/gemv_f32.cpp), which streams the bf16 panels at 82-91% of a plain
-read at one row; 9-128 (batched decode) through gemm_half_f32.cpp; more
-(prefill) through oneDNN's float32 copy (float32_copy) where
-PAGODA_CPU_HALF_WEIGHTS=copy, the default, else the same GEMM. A decode step's
+read at one row; more (batched decode, prefill) through gemm_half_f32.cpp, or
+above 128 rows through oneDNN's float32 copy (float32_copy) where
+PAGODA_CPU_HALF_WEIGHTS=copy (not the default: see below). A decode step's
 linears read their weights from DRAM: there the half GEMM, reading half the
 bytes and prefetching its next panel, took 0.46-0.91x oneDNN's time at 9-128
 rows (84-90% of the FMA peak on the layers' linears at 36 rows, oneDNN 57-68%),
@@ -23,9 +23,13 @@ and 1.04-1.14x at 256-1024, where both are compute-bound at ~75-87% of the
 peak (emulated AVX2 on a Zen 4, 2 threads, bench/avx2_small_m_ab.py).
 One-row figures (emulated AVX2 on a Zen 5, one thread, bench/results/avx2-gemv/):
 SmolLM2's linears 9.1 ms (GEMV) vs 24.4 ms (oneDNN float32).
-The copy costs memory: the half panels on top of the float32 weights, 1.5x the
-float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32 storage and
-382 MB for `1`, which keeps the half panels alone). So the copy is taken only
+On a real Zen 3 (2 threads, cold) the half GEMM also beats the copy at prefill
+sizes: layers' linears 0.87x its time at 256 rows, 0.84x at 1024 (best per call),
+and the engine's offline `prefill` is level (throughput 1.02x, median of 7
+pairs). The copy costs memory: the half panels on top of the float32 weights,
+1.5x the float32 linears (SmolLM2-135M: 920 MB against 651 MB for float32
+storage and 382 MB for `1`, the default, which keeps the half panels alone).
+So where asked for, the copy is taken only
 while it leaves a quarter of the machine's memory available (_COPY_RESERVE): a
 model that fits in float32 alone must not stop fitting because of it, and past
 that point layers keep their half panels alone. The plain twin is
@@ -123,7 +127,7 @@ def _warn_no_copy(total: int, available: int) -> None:
     logger.warning(
         "half-stored float32 linears: no float32 copy from here on (%.1f of %.1f GiB "
         "available; a copy must leave %d%%): batches of more than %d rows take the "
-        "half GEMM, 0.88-0.96x oneDNN's speed there",
+        "half GEMM, as with PAGODA_CPU_HALF_WEIGHTS=1",
         available / 2**30,
         total / 2**30,
         round(_COPY_RESERVE * 100),

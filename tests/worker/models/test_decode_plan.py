@@ -215,6 +215,7 @@ def test_half_f32_plan_binds_the_kernels_half_linear_routes_to(
     from worker.layers import cpu_half_f32
     from worker.layers.activation import SiluAndMul
 
+    monkeypatch.setenv("PAGODA_CPU_HALF_WEIGHTS", "copy")  # the third route (not the default)
     llm = LLM(str(make_checkpoint("qwen2", dtype=torch.bfloat16)), **HALF_F32_ENGINE)
     model = llm.engine.core.runner.model.model
     copies: list[int] = []
