@@ -1,9 +1,9 @@
 """Anonymous memory advised for 2 MiB pages, for the big CPU buffers a step
 streams through: the KV pools (worker/runner/kv_memory.py) and the packed
 weights, bf16 panels (worker/layers/cpu_packed.py) and the AVX2 half panels
-(worker/layers/cpu_half_f32.py), side by side in one arena (place_weight). With 4 KiB pages each of
-them spans tens of thousands of pages, and every jump between scattered blocks,
-or every page of a weight stream, costs a TLB miss.
+(worker/layers/cpu_half_f32.py), side by side in one arena (place_weight). With
+4 KiB pages each of them spans tens of thousands of pages, and every jump
+between scattered blocks, or every page of a weight stream, costs a TLB miss.
 
 MADV_HUGEPAGE gets 2 MiB pages wherever transparent huge pages are allowed (the
 common `madvise` setting); pages fault in on first touch.

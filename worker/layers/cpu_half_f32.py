@@ -76,7 +76,9 @@ def _gemv_kernels():
 
 _GEMV_MAX_ROWS = 8
 # Up to here the half GEMM beats oneDNN's float32 copy (half the bytes from DRAM);
-# above it both are compute-bound and oneDNN's prefill blocking wins by 4-14%.
+# above it both are compute-bound and a copy (PAGODA_CPU_HALF_WEIGHTS=copy) may take
+# those rows: oneDNN won there by 4-14% on an emulated Zen 4, while on a real Zen 3
+# the half GEMM took 0.84-0.87x oneDNN's time (so `1` is the default).
 _GEMM_MAX_ROWS = 128
 
 
