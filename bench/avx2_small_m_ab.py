@@ -1,14 +1,18 @@
-"""Float32 linears over half-stored weights at 9-256 rows (AVX2): two builds of
-gemm_half_f32.cpp and oneDNN's float32 copy, cold, in one process.
+"""Float32 linears over half-stored weights at 1-256 rows (AVX2): two builds of
+the half kernels and oneDNN's float32 copy, cold, in one process.
 
     bench/avx2_env.sh python -m bench.avx2_small_m_ab OLD_DIR NEW_DIR
-        [--rows 9 16 36 64 128 256] [--reps 9] [--threads 2] [--clock wall|thread]
+        [--rows 1 4 8 9 16 36 64 128 256] [--reps 9] [--threads 2] [--clock wall|thread]
 
 OLD_DIR and NEW_DIR each hold a copy of kernels/cpu (`git archive HEAD
 kernels/cpu | tar -x -C /tmp/old`, and the working tree's kernels/cpu); only
-gemm_half_f32.cpp is built from each, for x86-64-v3. The third side, `onednn`,
-is what PAGODA_CPU_HALF_WEIGHTS=copy runs above the GEMV's 8 rows: oneDNN's
-packed float32 linear over a float32 copy of the same weights (twice the bytes).
+gemm_half_f32.cpp and gemv_f32.cpp (with the folder's headers) are built from
+each, for x86-64-v3. Each side routes rows as worker/layers/cpu_half_f32.py's
+half_linear does: 1-8 rows to the GEMV, more to the half GEMM; each packs the
+weights with its own pack_half_panels (the two builds' panel layouts may
+differ). The third side, `onednn`, is what PAGODA_CPU_HALF_WEIGHTS=copy runs
+above 128 rows: oneDNN's packed float32 linear over a float32 copy of the same
+weights (twice the bytes).
 
 The weights are SmolLM2-135M's (bench.small_m_ab's shapes: 30 layers of qkv,
 o, gate/up, down, then the LM head), called in model order, so each call reads
@@ -72,18 +76,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
-def build(folder: Path | None, tag: str):
-    """folder's gemm_half_f32.cpp as its own module (folder None: the FMA peak loop)."""
+def build(folder: Path | None, tag: str, source_name: str = "gemm_half_f32.cpp"):
+    """folder's source_name (with the folder's headers) as its own module (folder
+    None: the FMA peak loop)."""
     from torch.utils.cpp_extension import load
 
     from kernels.cpu import isa_flags
 
-    key = hashlib.sha1(str(folder.resolve() if folder else "peak").encode()).hexdigest()[:8]
+    key = hashlib.sha1(
+        f"{folder.resolve() if folder else 'peak'}|{source_name}".encode()
+    ).hexdigest()[:8]
     out = Path("/tmp") / f"pagoda_avx2_small_m_ab_{tag}_{key}"
     out.mkdir(parents=True, exist_ok=True)
-    source = out / ("gemm_half_f32.cpp" if folder else "peak.cpp")
+    source = out / (source_name if folder else "peak.cpp")
     if folder:
-        shutil.copyfile(folder / "gemm_half_f32.cpp", source)
+        for header in folder.glob("*.h"):
+            shutil.copyfile(header, out / header.name)
+        shutil.copyfile(folder / source_name, source)
     else:
         source.write_text(_PEAK)
     return load(
@@ -96,14 +105,36 @@ def build(folder: Path | None, tag: str):
     )
 
 
-def step_weights(pack, gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(kind, half panels, oneDNN float32 copy) per linear, in model order."""
+_GEMV_MAX_ROWS = 8  # cpu_half_f32._GEMV_MAX_ROWS
+
+
+def half_side(folder: Path, tag: str):
+    """(pack, linear) of folder's build: linear(x, packed) routes as half_linear."""
+    gemm = build(folder, tag)
+    gemv = build(folder, tag, "gemv_f32.cpp")
+
+    def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= _GEMV_MAX_ROWS:
+            return gemv.gemv_half_f32_linear(x, packed, None)
+        return gemm.half_panel_linear(x, packed, None)
+
+    return gemm.pack_half_panels, linear
+
+
+def step_weights(packs, gen: torch.Generator) -> list[tuple[str, list[torch.Tensor], torch.Tensor]]:
+    """(kind, half panels by each of packs, oneDNN float32 copy) per linear, in model order."""
     shapes = [kind for _ in range(LAYERS) for kind in SHAPES] + ["lm_head"]
     out = []
     for kind in shapes:
         n, k = LM_HEAD if kind == "lm_head" else SHAPES[kind]
         w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
-        out.append((kind, pack(w), torch.ops.mkldnn._reorder_linear_weight(w.float(), 64)))
+        out.append(
+            (
+                kind,
+                [pack(w) for pack in packs],
+                torch.ops.mkldnn._reorder_linear_weight(w.float(), 64),
+            )
+        )
     return out
 
 
@@ -111,19 +142,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
-    parser.add_argument("--rows", type=int, nargs="+", default=[9, 16, 36, 64, 128, 256])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 9, 16, 36, 64, 128, 256])
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
-    old, new = build(args.old, "old"), build(args.new, "new")
+    (old_pack, old), (new_pack, new) = half_side(args.old, "old"), half_side(args.new, "new")
     peak = max(build(None, "peak").peak_gflops(20_000_000) for _ in range(3))
-    weights = step_weights(old.pack_half_panels, torch.Generator().manual_seed(0))
+    weights = step_weights([old_pack, new_pack], torch.Generator().manual_seed(0))
     sides = {
-        "old": lambda x, half, f32: old.half_panel_linear(x, half, None),
-        "new": lambda x, half, f32: new.half_panel_linear(x, half, None),
+        "old": lambda x, half, f32: old(x, half[0]),
+        "new": lambda x, half, f32: new(x, half[1]),
         "onednn": lambda x, half, f32: torch.ops.mkldnn._linear_pointwise(
             x, f32, None, "none", [], ""
         ),

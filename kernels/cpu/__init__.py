@@ -74,6 +74,8 @@ _FP8_KV_HEADERS = [Path(__file__).with_name(name) for name in ("fp8_e4m3.h", "ve
 
 # Half-storage float32 linears for CPUs without fast bf16: their own module too.
 _HALF_F32_SOURCES = [Path(__file__).with_name("gemm_half_f32.cpp")]
+# The panels' column order and their widen, shared with the GEMV below.
+_HALF_PANEL_HEADERS = [Path(__file__).with_name("half_panel.h")]
 
 
 def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
@@ -186,7 +188,7 @@ def load_half_f32_kernels(isa: str | None = None) -> ModuleType | None:
 
 @cache
 def _load_half_f32(isa: str) -> ModuleType | None:
-    return _load("pagoda_half_f32", _HALF_F32_SOURCES, [], isa)
+    return _load("pagoda_half_f32", _HALF_F32_SOURCES, _HALF_PANEL_HEADERS, isa)
 
 
 def cpu_runs(isa: str) -> bool:
@@ -285,4 +287,4 @@ _GEMV_F32_SOURCES = [Path(__file__).with_name("gemv_f32.cpp")]
 @cache
 def load_gemv_f32_kernels(isa: str | None = None) -> ModuleType | None:
     """The half-storage float32 GEMV (gemv_f32.cpp), or None as load_cpu_kernels."""
-    return _load("pagoda_gemv_f32", _GEMV_F32_SOURCES, [], isa or env.cpu_isa())
+    return _load("pagoda_gemv_f32", _GEMV_F32_SOURCES, _HALF_PANEL_HEADERS, isa or env.cpu_isa())

@@ -3,17 +3,18 @@
 // where the engine computes in float32 (worker/runner/platform.py).
 //
 // Why: a decode step at a few rows reads every weight once, so its time is the
-// weight bytes over the memory bandwidth. Half storage halves those bytes; each
-// 8 halves widen to 8 floats in a register (bf16: a 16-bit shift; fp16: F16C's
+// weight bytes over the memory bandwidth. Half storage halves those bytes; the
+// halves widen to floats in registers (bf16: a shift or a mask; fp16: F16C's
 // vcvtph2ps) right before the FMAs, as llama.cpp does on AVX2. Lossless for a
 // bf16 or fp16 checkpoint: its values are what the float32 weights would hold.
 //
 // Layout: [N, K] -> [N / 16, K, 16] panels (pack_half_panels): one panel is 16
 // output columns, K-major, so a k step reads 32 contiguous bytes and a panel is
-// one sequential stream. The micro-kernel keeps MR rows x 16 columns of
-// accumulators (MR <= 6: 12 of AVX2's 16 registers); at 1-3 rows, where one
-// accumulator chain per column half would be FMA-latency bound, it keeps two
-// chains over k and adds them at the end. From 9 rows the first row block
+// one sequential stream; a bf16 step's 16 columns are interleaved so that one
+// load widens to both halves (half_panel.h). The micro-kernel keeps MR rows x
+// 16 columns of accumulators (MR <= 6: 12 of AVX2's 16 registers); at 1-3
+// rows, where one accumulator chain per column half would be FMA-latency
+// bound, it keeps two chains over k and adds them at the end. From 9 rows the first row block
 // widens the panel as it multiplies, into a thread-local float32 copy
 // (L2-resident) that the other row blocks read, so the conversion is paid
 // once per panel, inside FMA-bound work.
@@ -32,23 +33,19 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGODA_HALF_F32 1
 #include <immintrin.h>
+
+#include "half_panel.h"
 #endif
 
 namespace {
 
-constexpr int kPanel = 16;       // output columns per panel
+constexpr int kPanel = 16;       // output columns per panel (half_panel.h)
 constexpr int kMaxRows = 6;      // rows per micro-kernel call
 constexpr int64_t kWidenRows = 9;  // from this many rows, widen each panel once (cold: 0.81-0.95x the time at 9-11)
 constexpr int64_t kBlockRows = 96;  // rows per pass over the panels (96 x K floats: L2)
 
 #ifdef PAGODA_HALF_F32
-// 8 weights (bf16 or fp16 bits) at p -> 8 floats.
-template <bool kBf16>
-inline __m256 widen8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if constexpr (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
+static_assert(kPanel == pagoda_half::kPanel);
 
 // The B operand of one k step: 16 columns, from half bits or from floats.
 template <typename B>
@@ -63,9 +60,7 @@ template <bool kBf16>
 struct HalfBits {};
 template <bool kBf16>
 struct Panel<HalfBits<kBf16>> {
-  static inline void at(const uint16_t* p, __m256& lo, __m256& hi) {
-    lo = widen8<kBf16>(p), hi = widen8<kBf16>(p + 8);
-  }
+  static inline void at(const uint16_t* p, __m256& lo, __m256& hi) { pagoda_half::widen16<kBf16>(p, lo, hi); }
 };
 
 // out[MR rows, 16] = x[MR rows, K] @ panel[K, 16] (+ bias). x's element (i, k)
@@ -238,14 +233,18 @@ bool half_f32_supported() {
 #endif
 }
 
-// [N, K] bf16 or fp16 -> [N / 16, K, 16] of the same dtype.
+// [N, K] bf16 or fp16 -> [N / 16, K, 16] of the same dtype, each k step's 16
+// columns in half_panel.h's order (bf16: 0, 8, 1, 9, ..., 7, 15; fp16: 0-15).
 torch::Tensor pack_half_panels(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "pack_half_panels: weight must be [N, K]");
-  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kHalf,
-              "pack_half_panels: weight must be bf16 or fp16");
+  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(bf16 || weight.scalar_type() == torch::kHalf, "pack_half_panels: weight must be bf16 or fp16");
   TORCH_CHECK(weight.size(0) % kPanel == 0, "pack_half_panels: N must be a multiple of ", kPanel);
   const int64_t n = weight.size(0), k = weight.size(1);
-  return weight.view({n / kPanel, kPanel, k}).transpose(1, 2).contiguous();
+  const auto panels = weight.view({n / kPanel, kPanel, k}).transpose(1, 2);  // [N / 16, K, 16]
+  if (!bf16) return panels.contiguous();
+  // [.., 2, 8] (half h, column i) -> [.., 8, 2]: position 2i + h holds column 8h + i.
+  return panels.reshape({n / kPanel, k, 2, kPanel / 2}).transpose(2, 3).reshape({n / kPanel, k, kPanel}).contiguous();
 }
 
 // x [M, K] float32 @ packed^T (+ bias float32 [N]) -> [M, N] float32.

@@ -3,10 +3,10 @@
 // in float32 (worker/runner/platform.py).
 //
 // At 1-8 rows a linear is a read of its weight, so its time is the bytes as
-// stored over the memory bandwidth: half storage halves them. Each 8 halves
-// widen to 8 floats in a register (bf16: a 16-bit shift; fp16: F16C's
-// vcvtph2ps), both exact, so the products are those of the float32 weights.
-// It reads the panels gemm_half_f32.cpp's pack_half_panels made at load
+// stored over the memory bandwidth: half storage halves them. The halves
+// widen to floats in registers (half_panel.h; bf16: a shift or a mask, fp16:
+// F16C's vcvtph2ps), both exact, so the products are those of the float32
+// weights. It reads the panels gemm_half_f32.cpp's pack_half_panels made at load
 // ([N / 16, K, 16]: 16 columns, K-major, one sequential stream per panel), so
 // the engine keeps one copy of the weights. Unlike that kernel's few-row path:
 // * k steps dealt round-robin to 1-4 accumulator sets: 8-12 independent FMA
@@ -42,6 +42,8 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGODA_GEMV_F32 1
 #include <immintrin.h>
+
+#include "half_panel.h"
 #endif
 
 namespace {
@@ -53,12 +55,7 @@ constexpr int kAheadBytes = 1024;
 constexpr int64_t kChunksPerThread = 4;
 
 #ifdef PAGODA_GEMV_F32
-template <bool kBf16>
-inline __m256 widen8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if constexpr (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
+static_assert(kPanel == pagoda_half::kPanel);
 
 // R rows of one panel: dst + r * ldo gets row r's 16 outputs (+ bias, float32
 // [16] or null). x's (row r, k) is at x[k * R + r] (pack_row_groups). U sets of accumulators take the k
@@ -74,7 +71,8 @@ inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, con
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
   auto step = [&](int64_t k, int u) __attribute__((always_inline)) {
-    const __m256 lo = widen8<kBf16>(panel + k * kPanel), hi = widen8<kBf16>(panel + k * kPanel + 8);
+    __m256 lo, hi;
+    pagoda_half::widen16<kBf16>(panel + k * kPanel, lo, hi);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + k * R + r);

@@ -66,6 +66,24 @@ def test_random_values_match_the_twin_to_float32_rounding(kernels, dtype, rows):
     assert ((out - expected).abs() / scale).max().item() < 1e-5
 
 
+@pytest.mark.parametrize(
+    ("dtype", "order"),
+    [
+        # bf16: each 32-bit word holds columns i and i + 8 (half_panel.h's widen).
+        (torch.bfloat16, [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]),
+        (torch.float16, list(range(16))),
+    ],
+)
+def test_panels_hold_each_k_steps_columns_in_the_widens_order(kernels, dtype, order):
+    # weight[n, k] = 3 n + k: integers below 256, exact in both dtypes.
+    weight = (torch.arange(32).view(32, 1) * 3 + torch.arange(3)).to(dtype)
+    packed = kernels.pack_half_panels(weight)
+    assert packed.shape == (2, 3, 16)
+    for panel in range(2):
+        for k in range(3):
+            assert packed[panel, k].tolist() == [3 * (16 * panel + c) + k for c in order]
+
+
 def test_rejects_bad_shapes_and_dtypes(kernels):
     with pytest.raises(RuntimeError, match="multiple of 16"):
         kernels.pack_half_panels(torch.zeros(40, 8, dtype=torch.bfloat16))
