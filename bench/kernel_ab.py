@@ -1,6 +1,6 @@
 """A/B two versions of the CPU kernels in one process, calls interleaved.
 
-    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,linear-prefill,decode,decode-cold,prefill,cascade} [--reps N]
+    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,linear-prefill,decode,decode-cold,prefill,prefill-f32,cascade} [--reps N]
 
 `linear-prefill` is one layer's four linears at 4096 rows (a prefill step's).
 OLD_DIR and NEW_DIR each hold a copy of kernels/cpu (e.g. `git show HEAD:...` into
@@ -10,7 +10,8 @@ by 15% between processes (both machines of issue 5 did) drifts for both alike. I
 prints the largest difference of their outputs, then best and median times of
 each and NEW/OLD. The shapes are SmolLM2-135M's (hidden 576, 9/3 heads of 64,
 blocks of 8): one layer's linears or decode attention at 32 sequences (96 tokens
-each), a 4 x 1024-token prefill, or 32 decode rows over a 512-token shared prefix.
+each), a 4 x 1024-token prefill (bf16 caches; `prefill-f32`: float32 ones, as on
+an AVX2 CPU), or 32 decode rows over a 512-token shared prefix.
 One layer's data stays in cache between calls, so a change whose gain is in
 streaming weights or KV from DRAM needs a cold-cache benchmark instead:
 `decode-cold` is decode attention over 30 layers' caches in one step (32
@@ -68,12 +69,14 @@ def case(kind: str):
         return linear
     if kind == "decode-cold":
         return decode_cold(gen)
+    dtype = torch.float32 if kind == "prefill-f32" else bf16
+    kind = "prefill" if kind == "prefill-f32" else kind
     seqs, length, new = {"decode": (32, 96, 1), "prefill": (4, 1024, 1024)}.get(kind, (32, 512, 1))
     num_blocks = seqs * (-(-length // block)) + 4
-    k_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(bf16)
-    v_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(bf16)
+    k_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(dtype)
     tables = torch.randperm(num_blocks, generator=gen)[: num_blocks - 4].int().view(seqs, -1)
-    query = torch.randn(seqs * new, heads, dim, generator=gen).to(bf16)
+    query = torch.randn(seqs * new, heads, dim, generator=gen).to(dtype)
     lens = torch.full((seqs,), length, dtype=torch.int32)
     rows = torch.arange(seqs, dtype=torch.int64)
     out = torch.empty_like(query)
@@ -163,7 +166,16 @@ def main() -> None:
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
     parser.add_argument(
-        "kind", choices=["linear", "linear-prefill", "decode", "decode-cold", "prefill", "cascade"]
+        "kind",
+        choices=[
+            "linear",
+            "linear-prefill",
+            "decode",
+            "decode-cold",
+            "prefill",
+            "prefill-f32",
+            "cascade",
+        ],
     )
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()

@@ -67,18 +67,28 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       krow[j] = real ? ctx.k_cache + ctx.offset(pos) : zero_row;
       vrow[j] = real ? ctx.v_cache + ctx.offset(pos) : zero_row;
     }
-    // Scores, 4 keys at a time against each dim's query vector.
+    // Scores, 8 keys at a time against each dim's query vector: 8 independent
+    // FMA chains (two FMA units x 4 cycles of latency), where 4 left half of
+    // an AVX2 core's FMA slots empty (the tile ran at ~40% of the float32 peak
+    // on a Zen 3: bench/kernel_ab.py prefill-f32).
     vnative x[kF32Keys];
-    for (int j0 = 0; j0 < kF32Keys; j0 += 4) {
-      vnative a0{}, a1{}, a2{}, a3{};
+    for (int j0 = 0; j0 < kF32Keys; j0 += 8) {
+      vnative a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+      const float *k0r = krow[j0], *k1r = krow[j0 + 1], *k2r = krow[j0 + 2], *k3r = krow[j0 + 3];
+      const float *k4r = krow[j0 + 4], *k5r = krow[j0 + 5], *k6r = krow[j0 + 6], *k7r = krow[j0 + 7];
       for (int64_t e = 0; e < d; ++e) {
         const vnative qv = qt[e];
-        a0 += krow[j0][e] * qv;
-        a1 += krow[j0 + 1][e] * qv;
-        a2 += krow[j0 + 2][e] * qv;
-        a3 += krow[j0 + 3][e] * qv;
+        a0 += k0r[e] * qv;
+        a1 += k1r[e] * qv;
+        a2 += k2r[e] * qv;
+        a3 += k3r[e] * qv;
+        a4 += k4r[e] * qv;
+        a5 += k5r[e] * qv;
+        a6 += k6r[e] * qv;
+        a7 += k7r[e] * qv;
       }
       x[j0] = a0, x[j0 + 1] = a1, x[j0 + 2] = a2, x[j0 + 3] = a3;
+      x[j0 + 4] = a4, x[j0 + 5] = a5, x[j0 + 6] = a6, x[j0 + 7] = a7;
     }
     const bool masked = k0 + kF32Keys - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
     bool drop[kF32Keys][W];
