@@ -31,11 +31,6 @@ struct F32Context {
   const float* v_cache;
   const int32_t* table;
   int64_t len, kv_head, block_size, num_kv_heads, head_dim;
-
-  int64_t offset(int64_t pos) const {
-    return ((static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * num_kv_heads +
-            kv_head) * head_dim;
-  }
 };
 
 // Up to kNativeLanes query rows of one head, row i at position first_pos + i *
@@ -59,13 +54,19 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
   const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
   for (int64_t k0 = lo / kF32Keys * kF32Keys; k0 <= last_pos; k0 += kF32Keys) {
+    // The 16 keys' rows, walking the block table: one division per step, not
+    // two per key (0.98x the tile's time on a Zen 3, kernel_ab prefill-f32).
     const float* krow[kF32Keys];
     const float* vrow[kF32Keys];
-    for (int j = 0; j < kF32Keys; ++j) {
-      const int64_t pos = k0 + j;
-      const bool real = pos < ctx.len;
-      krow[j] = real ? ctx.k_cache + ctx.offset(pos) : zero_row;
-      vrow[j] = real ? ctx.v_cache + ctx.offset(pos) : zero_row;
+    int64_t block = k0 / ctx.block_size, slot = k0 - block * ctx.block_size;
+    for (int j = 0; j < kF32Keys; ++j, ++slot) {
+      if (slot == ctx.block_size) slot = 0, ++block;
+      const bool real = k0 + j < ctx.len;
+      const int64_t at = (static_cast<int64_t>(ctx.table[real ? block : 0]) * ctx.block_size + slot) *
+                             ctx.num_kv_heads * ctx.head_dim +
+                         ctx.kv_head * ctx.head_dim;
+      krow[j] = real ? ctx.k_cache + at : zero_row;
+      vrow[j] = real ? ctx.v_cache + at : zero_row;
     }
     // Scores, 8 keys at a time against each dim's query vector: 8 independent
     // FMA chains (two FMA units x 4 cycles of latency), where 4 left half of
