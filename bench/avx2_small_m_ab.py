@@ -105,16 +105,15 @@ def build(folder: Path | None, tag: str, source_name: str = "gemm_half_f32.cpp")
     )
 
 
-_GEMV_MAX_ROWS = 8  # cpu_half_f32._GEMV_MAX_ROWS
-
-
 def half_side(folder: Path, tag: str):
     """(pack, linear) of folder's build: linear(x, packed) routes as half_linear."""
+    from worker.layers import cpu_half_f32
+
     gemm = build(folder, tag)
     gemv = build(folder, tag, "gemv_f32.cpp")
 
     def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= _GEMV_MAX_ROWS:
+        if x.shape[0] <= cpu_half_f32._GEMV_MAX_ROWS:
             return gemv.gemv_half_f32_linear(x, packed, None)
         return gemm.half_panel_linear(x, packed, None)
 

@@ -14,10 +14,10 @@
 // load widens to both halves (half_panel.h). The micro-kernel keeps MR rows x
 // 16 columns of accumulators (MR <= 6: 12 of AVX2's 16 registers); at 1-3
 // rows, where one accumulator chain per column half would be FMA-latency
-// bound, it keeps two chains over k and adds them at the end. From 9 rows the first row block
-// widens the panel as it multiplies, into a thread-local float32 copy
-// (L2-resident) that the other row blocks read, so the conversion is paid
-// once per panel, inside FMA-bound work.
+// bound, it keeps two chains over k and adds them at the end. From 9 rows the
+// first row block widens the panel as it multiplies, into a thread-local
+// float32 copy (L2-resident) that the other row blocks read, so the conversion
+// is paid once per panel, inside FMA-bound work.
 //
 // The plain-PyTorch twin is F.linear(x, weight.float(), bias); results match
 // it up to float32 summation order (tests/kernels/test_cpu_half_f32.py).
