@@ -54,7 +54,9 @@ class LLM:
         return self._tokenizer
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel rank processes now (else they stop at exit)."""
+        """Stop the tensor-parallel rank processes now (else they stop at exit), or
+        at TP 1 free the model, KV cache and CUDA graphs (a GPU's memory goes back
+        to the device for the next engine). The LLM is unusable afterwards."""
         self.engine.shutdown()
 
     def get_default_sampling_params(self) -> SamplingParams:

@@ -53,6 +53,7 @@ def _scenarios(make_checkpoint, hf_greedy, device, dtype="float32"):
     got, llm = _generate(path, prompts, device, max_num_batched_tokens=10, dtype=dtype)
     assert llm.last_stats.prefix_cache_hits > 0
     assert got == want
+    llm.shutdown()  # on a GPU the next engine wants the KV cache's memory
     # Preemption: 7 blocks of 4 tokens; three requests admitted with 2 blocks each
     # grow to 4 each while decoding.
     prompts = random_prompts([7, 8, 6], seed=16)
@@ -61,6 +62,7 @@ def _scenarios(make_checkpoint, hf_greedy, device, dtype="float32"):
     outputs = llm.generate(prompts, GREEDY, detokenize=False)
     assert llm.last_stats.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(path, prompts, MAX_TOKENS)
+    llm.shutdown()
 
 
 def test_triton_backend_interpreted_matches_hf(make_checkpoint, hf_greedy, triton_device):
@@ -114,4 +116,5 @@ def test_cuda_graphs_match_eager(make_checkpoint, dtype):
         outputs[eager] = [
             o.outputs[0].token_ids for o in llm.generate(prompts, params, detokenize=False)
         ]
+        llm.shutdown()
     assert outputs[True] == outputs[False]

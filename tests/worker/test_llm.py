@@ -177,3 +177,22 @@ def test_block_size_defaults_by_device(llama):
     llm = LLM(str(llama), max_model_len=128, num_kv_blocks=256)
     assert llm.engine.config.cache.block_size == 8
     assert llm.engine.core.runner.block_size == 8
+
+
+def test_shutdown_frees_the_model_and_kv_cache_at_once(llama):
+    """The runner and its KV cache are gone when shutdown returns, without waiting
+    for a garbage collection (on a GPU the next engine needs that memory)."""
+    import gc
+    import weakref
+
+    llm = LLM(str(llama), **OPTIONS)
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    runner = weakref.ref(llm.engine.core.runner)
+    kv_cache = weakref.ref(llm.engine.core.runner.kv_caches[0])
+    gc.disable()  # a collection between the calls must not be what frees them
+    try:
+        llm.shutdown()
+        assert runner() is None and kv_cache() is None
+        llm.shutdown()  # twice is fine
+    finally:
+        gc.enable()
