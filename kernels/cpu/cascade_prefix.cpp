@@ -92,6 +92,8 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   const int64_t num_seqs = query_rows.size(0), num_heads = query.size(1), d = query.size(2);
   const int64_t num_kv_heads = key_cache.size(2), block_size = key_cache.size(1);
   TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  // The flash tiles take a chunk's max over raw scores (max(s c) = c max(s)).
+  TORCH_CHECK(scale > 0, "the attention scale must be positive, got ", scale);
   const int64_t group = num_heads / num_kv_heads, rows = num_seqs * group;
   TORCH_CHECK(prefix_len >= 1 && (prefix_len + block_size - 1) / block_size <= prefix_table.size(0),
               "prefix_len ", prefix_len, " needs more blocks than prefix_table holds");

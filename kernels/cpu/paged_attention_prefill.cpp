@@ -104,6 +104,8 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   TORCH_CHECK(query_rows_of_heads(query) && out.is_contiguous(),
               "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  // The flash tiles take a chunk's max over raw scores (max(s c) = c max(s)).
+  TORCH_CHECK(scale > 0, "the attention scale must be positive, got ", scale);
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
               "block_tables must be contiguous int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32, "seq_lens must be int32");
