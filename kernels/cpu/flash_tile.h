@@ -190,20 +190,18 @@ inline void scores_avx512(const uint32_t* qt, const uint16_t* kc, int64_t d, flo
   }
 }
 
-// ot [d][16 queries] = alpha * ot + V^T P^T without AMX: 16 dims at a time in 16
-// accumulators, as the scores (8 chains left half of the dot-product slots
-// empty: its latency times 2 issues a cycle is more than 8), P^T's key-pair row
-// loaded once per 16 products.
+// ot [d][16 queries] = alpha * ot + V^T P^T without AMX: P^T's 16 key-pair rows
+// stay in registers, 8 dims at a time accumulate over them.
 inline void values_avx512(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512 alpha, float* ot) {
+  __m512bh p[kChunk / 2];
+  for (int j = 0; j < kChunk / 2; ++j) p[j] = (__m512bh)_mm512_load_si512(pt + j * kTileRows);
   const auto* v32 = reinterpret_cast<const uint32_t*>(vc);  // dim e, key pair j: v32[e * 16 + j]
-  for (int64_t e0 = 0; e0 < d; e0 += 16) {
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), alpha);
-    for (int j = 0; j < kChunk / 2; ++j) {
-      const __m512bh p = (__m512bh)_mm512_load_si512(pt + j * kTileRows);
-      for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(v32 + (e0 + i) * (kChunk / 2) + j), p);
-    }
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(ot + (e0 + i) * kTileRows, acc[i]);
+  for (int64_t e0 = 0; e0 < d; e0 += 8) {
+    __m512 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), alpha);
+    for (int j = 0; j < kChunk / 2; ++j)
+      for (int i = 0; i < 8; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], bf16_pair(v32 + (e0 + i) * (kChunk / 2) + j), p[j]);
+    for (int i = 0; i < 8; ++i) _mm512_store_ps(ot + (e0 + i) * kTileRows, acc[i]);
   }
 }
 
