@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import time
 from pathlib import Path
 
@@ -76,15 +75,10 @@ def run(model: str, workload: Workload, eager: bool, **engine) -> tuple[dict, ob
 
 def release(llm) -> None:
     """Give the engine's GPU memory back before the next one starts: each asks for
-    --gpu-memory-utilization (0.9) of the card, and the engine's objects hold
-    reference cycles (runner <-> graphs, pools), so `del` alone keeps the KV cache
-    and the graph pools until a collection that may never come (seen on an H200:
-    the second engine found 13.8 of 139.8 GiB free and refused to start)."""
+    --gpu-memory-utilization (0.9) of the card, and `del` alone left the first
+    engine's KV cache and graph pools allocated (seen on an H200: the second found
+    13.8 of 139.8 GiB free and refused to start). shutdown() frees them."""
     llm.shutdown()
-    llm.engine = None
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     print(f"engine released: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free", flush=True)
 
