@@ -22,6 +22,7 @@ which is what a decode step does to the caches; the times are for all 30 layers.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 from pathlib import Path
@@ -34,7 +35,13 @@ from kernels.cpu import _FLAGS, _SOURCES
 def build(folder: Path, name: str):
     from torch.utils.cpp_extension import load
 
-    out = Path("/tmp") / f"pagoda_kernel_ab_{name}"
+    # Keyed by the sources' content: ninja rebuilds by mtime, and a `git archive`
+    # of an older commit has older mtimes than the objects of the last build in a
+    # shared folder, so a reused folder silently kept the previous version.
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.[ch]*")):
+        digest.update(path.name.encode() + path.read_bytes())
+    out = Path("/tmp") / f"pagoda_kernel_ab_{name}_{digest.hexdigest()[:12]}"
     out.mkdir(exist_ok=True)
     sources = [str(folder / s.name) for s in _SOURCES]
     return load(
