@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from tests.cluster import PagodaProcess
 from tests.conftest import random_prompts
+from tests.redis_server import free_port_run
 from worker import LLM, SamplingParams
-from worker.executor.placement import free_port
+from worker.executor.step_relay import relay_port
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
 
 def test_two_nodes_over_loopback_give_the_same_tokens(make_checkpoint, hf_greedy, tmp_path):
     path = make_checkpoint("llama")
-    port = free_port()
+    port = free_port_run(relay_port(0) + 1)  # the rendezvous port and the relay's
     group = ["-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", f"--master-port={port}"]
     node1 = PagodaProcess(
         "worker", ["--model", str(path), *group, "--node-rank", "1"], tmp_path / "node1.log"
