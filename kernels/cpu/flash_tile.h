@@ -170,7 +170,46 @@ inline void values_amx(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512
     _mm512_store_ps(ot + e * kTileRows,
                     _mm512_fmadd_ps(_mm512_load_ps(ot + e * kTileRows), alpha, _mm512_load_ps(pv + e * kTileRows)));
 }
+// head_dim 64 only: O^T [64 dims][16 queries] lives in tiles 4-7 for the whole
+// tile of queries (scores_amx uses 0-3), so a chunk's V^T P^T accumulates in
+// place instead of going through L1 and an AVX-512 rescale: on a 2.5 TFLOP/s
+// AMX core those stores, loads and FMAs cost more than the products.
+inline void values_amx_resident(const uint16_t* vc, const uint32_t* pt) {
+  _tile_loadd(2, pt, 64);
+  _tile_loadd(3, vc + 0 * 512, 64);
+  _tile_dpbf16ps(4, 3, 2);
+  _tile_loadd(3, vc + 1 * 512, 64);
+  _tile_dpbf16ps(5, 3, 2);
+  _tile_loadd(3, vc + 2 * 512, 64);
+  _tile_dpbf16ps(6, 3, 2);
+  _tile_loadd(3, vc + 3 * 512, 64);
+  _tile_dpbf16ps(7, 3, 2);
+}
+
+inline void store_resident(float* ot) {
+  _tile_stored(4, ot + 0 * 256, 64);
+  _tile_stored(5, ot + 1 * 256, 64);
+  _tile_stored(6, ot + 2 * 256, 64);
+  _tile_stored(7, ot + 3 * 256, 64);
+}
+
+// The resident O^T times alpha (per query), through ot.
+inline void rescale_resident(__m512 alpha, float* ot) {
+  store_resident(ot);
+  for (int e = 0; e < 64; ++e) _mm512_store_ps(ot + e * kTileRows, _mm512_mul_ps(_mm512_load_ps(ot + e * kTileRows), alpha));
+  _tile_loadd(4, ot + 0 * 256, 64);
+  _tile_loadd(5, ot + 1 * 256, 64);
+  _tile_loadd(6, ot + 2 * 256, 64);
+  _tile_loadd(7, ot + 3 * 256, 64);
+}
 #endif  // PAGODA_AMX
+
+// With O^T resident in tiles, the softmax's shift (m) moves only when a query's
+// running max passes it by more than this (log2 units), as FlashAttention-4
+// does: probabilities then reach 2^8 at most, exact in fp32 and as relatively
+// precise in bf16, and O^T and l stay relative to the same shift, so O = O^T / l
+// is unchanged; most chunks of a long prompt then need no rescale at all.
+constexpr float kLazyRescale = 8.f;
 
 inline __m512bh bf16_pair(const uint32_t* p) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p)); }
 
@@ -232,6 +271,17 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     for (int i = 0; i < 16; ++i) _mm512_store_si512(qt + (r0 + i) * kTileRows, t[i]);
   }
   std::fill(ot, ot + d * kTileRows, 0.f);
+#ifdef PAGODA_AMX
+  const bool resident = kAmx && d == 64;
+  if (resident) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+#else
+  constexpr bool resident = false;
+#endif
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 zero = _mm512_setzero_ps();
   __m512 m = neg_inf, l = zero;  // per query, in log2 units
@@ -269,12 +319,23 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
       }
       smax = _mm512_max_ps(smax, x[j]);
     }
-    const __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(smax, c));
+    __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(smax, c));
+    // Resident: keep the old shift unless some query's max passed it by more
+    // than kLazyRescale (m = -inf and a first key count as passing).
+    const bool shift = !resident || _mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)),
+                                                       _CMP_GT_OQ) != 0;
+    if (!shift) mx = m;
     // A query with no key yet keeps m = -inf: shift by 0 so nothing becomes NaN.
     const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
     const __m512 base = _mm512_mask_blend_ps(none, mx, zero);
-    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
-                                             exp2_nonpositive<true>(_mm512_sub_ps(m, base)));
+    // Unshifted, alpha is exactly 1: the polynomial's 2^0 is 1 + 1 ulp, and the
+    // resident O^T is not multiplied by it.
+    const __m512 alpha = !shift ? _mm512_set1_ps(1.f)
+                                : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
+                                                      exp2_nonpositive<true>(_mm512_sub_ps(m, base)));
+#ifdef PAGODA_AMX
+    if (resident && shift) rescale_resident(alpha, ot);
+#endif
     m = mx;
     __m512 sum = zero;
     for (int j = 0; j < kChunk; j += 2) {
@@ -297,11 +358,15 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     l = _mm512_fmadd_ps(l, alpha, sum);
     const uint16_t* vc = v_packed + ch * lay.chunk_elems;
 #ifdef PAGODA_AMX
-    if constexpr (kAmx) values_amx(vc, pt, d, alpha, ot);
+    if (resident) values_amx_resident(vc, pt);
+    else if constexpr (kAmx) values_amx(vc, pt, d, alpha, ot);
     else
 #endif
       values_avx512(vc, pt, d, alpha, ot);
   }
+#ifdef PAGODA_AMX
+  if (resident) store_resident(ot);
+#endif
   // O = (O^T / l)^T, 16 dims at a time through the register transpose.
   const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
   for (int64_t e0 = 0; e0 < d; e0 += kLanes) {

@@ -96,6 +96,40 @@ def test_prefill_matches_reference(
     assert out[untouched].abs().sum() == 0
 
 
+@pytest.mark.parametrize("dtype", TILE_DTYPES)
+def test_prefill_with_scores_that_keep_rising_along_the_context(dtype):
+    """Keys scaled up with their position: each query's running max climbs by
+    a few log2 units a chunk, so the AMX path's lazily moved softmax shift (head_dim
+    64) both holds across chunks and moves mid-context, many times a row."""
+    seq_lens, block_size = [300, 213], 16
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch(
+        seq_lens, [300, 70], 9, 3, 64, block_size, seed=3, dtype=dtype
+    )
+    for i, n in enumerate(seq_lens):
+        for b in range(-(-n // block_size)):
+            growth = 1 + torch.arange(b * block_size, (b + 1) * block_size) / 40
+            block = block_tables[i, b]
+            key_cache[block] = (key_cache[block].float() * growth[:, None, None]).to(dtype)
+    out = torch.zeros(query.shape, dtype=query.dtype)
+    args = (torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(ranges, dtype=torch.int64))
+    kernels.paged_attention_prefill(
+        query, key_cache, value_cache, block_tables, *args, out, 0.125, 0
+    )
+    rows = torch.cat([torch.arange(first, end) for first, end in ranges])
+    expected = paged_attention_reference(
+        query[rows].float(),
+        key_cache.float(),
+        value_cache.float(),
+        block_tables,
+        [0, 300, 370],
+        seq_lens,
+        0.125,
+        None,
+    )
+    tol = TILE_TOLERANCE[dtype]
+    torch.testing.assert_close(out[rows].float(), expected, atol=tol, rtol=tol)
+
+
 def test_prefill_rejects_a_short_block_table():
     query, key_cache, value_cache, block_tables, ranges = _paged_batch(
         [40], [40], 2, 1, 64, 16, dtype=torch.float32
