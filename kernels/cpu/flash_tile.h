@@ -141,12 +141,8 @@ inline void scores_amx(const uint32_t* qt, const uint16_t* kc, int64_t d, float*
   _tile_stored(1, st + 16 * kTileRows, 64);
 }
 
-// Four output tiles (64 dims) of V^T P^T for one chunk: tmm2 holds P^T.
-inline void pv_group(const uint16_t* v_tiles, float* pv) {
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+// Tiles 4-7 (64 dims of O^T) += V^T P^T for one chunk: tmm2 holds P^T.
+inline void accumulate_pv(const uint16_t* v_tiles) {
   _tile_loadd(3, v_tiles + 0 * 512, 64);
   _tile_dpbf16ps(4, 3, 2);
   _tile_loadd(3, v_tiles + 1 * 512, 64);
@@ -155,10 +151,23 @@ inline void pv_group(const uint16_t* v_tiles, float* pv) {
   _tile_dpbf16ps(6, 3, 2);
   _tile_loadd(3, v_tiles + 3 * 512, 64);
   _tile_dpbf16ps(7, 3, 2);
-  _tile_stored(4, pv + 0 * 256, 64);
-  _tile_stored(5, pv + 1 * 256, 64);
-  _tile_stored(6, pv + 2 * 256, 64);
-  _tile_stored(7, pv + 3 * 256, 64);
+}
+
+inline void store_tiles_4_7(float* out) {
+  _tile_stored(4, out + 0 * 256, 64);
+  _tile_stored(5, out + 1 * 256, 64);
+  _tile_stored(6, out + 2 * 256, 64);
+  _tile_stored(7, out + 3 * 256, 64);
+}
+
+// Four output tiles (64 dims) of V^T P^T for one chunk, into pv.
+inline void pv_group(const uint16_t* v_tiles, float* pv) {
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  accumulate_pv(v_tiles);
+  store_tiles_4_7(pv);
 }
 
 // ot [d][16 queries] = alpha * ot + V^T P^T, P^T given as a B tile (pt).
@@ -170,32 +179,19 @@ inline void values_amx(const uint16_t* vc, const uint32_t* pt, int64_t d, __m512
     _mm512_store_ps(ot + e * kTileRows,
                     _mm512_fmadd_ps(_mm512_load_ps(ot + e * kTileRows), alpha, _mm512_load_ps(pv + e * kTileRows)));
 }
+
 // head_dim 64 only: O^T [64 dims][16 queries] lives in tiles 4-7 for the whole
 // tile of queries (scores_amx uses 0-3), so a chunk's V^T P^T accumulates in
 // place instead of going through L1 and an AVX-512 rescale: on a 2.5 TFLOP/s
 // AMX core those stores, loads and FMAs cost more than the products.
 inline void values_amx_resident(const uint16_t* vc, const uint32_t* pt) {
   _tile_loadd(2, pt, 64);
-  _tile_loadd(3, vc + 0 * 512, 64);
-  _tile_dpbf16ps(4, 3, 2);
-  _tile_loadd(3, vc + 1 * 512, 64);
-  _tile_dpbf16ps(5, 3, 2);
-  _tile_loadd(3, vc + 2 * 512, 64);
-  _tile_dpbf16ps(6, 3, 2);
-  _tile_loadd(3, vc + 3 * 512, 64);
-  _tile_dpbf16ps(7, 3, 2);
-}
-
-inline void store_resident(float* ot) {
-  _tile_stored(4, ot + 0 * 256, 64);
-  _tile_stored(5, ot + 1 * 256, 64);
-  _tile_stored(6, ot + 2 * 256, 64);
-  _tile_stored(7, ot + 3 * 256, 64);
+  accumulate_pv(vc);
 }
 
 // The resident O^T times alpha (per query), through ot.
 inline void rescale_resident(__m512 alpha, float* ot) {
-  store_resident(ot);
+  store_tiles_4_7(ot);
   for (int e = 0; e < 64; ++e) _mm512_store_ps(ot + e * kTileRows, _mm512_mul_ps(_mm512_load_ps(ot + e * kTileRows), alpha));
   _tile_loadd(4, ot + 0 * 256, 64);
   _tile_loadd(5, ot + 1 * 256, 64);
@@ -365,7 +361,7 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
       values_avx512(vc, pt, d, alpha, ot);
   }
 #ifdef PAGODA_AMX
-  if (resident) store_resident(ot);
+  if (resident) store_tiles_4_7(ot);
 #endif
   // O = (O^T / l)^T, 16 dims at a time through the register transpose.
   const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
