@@ -232,7 +232,8 @@ class ParallelConfig:
         default=None,
         metadata={
             "help": f"Port on --master-addr where the ranks meet (default: a free port on "
-            f"one node, {DEFAULT_MASTER_PORT} across nodes)."
+            f"one node, {DEFAULT_MASTER_PORT} across nodes). Across nodes, node 0 also "
+            "listens on the next port up to relay each step: open both."
         },
     )
 
