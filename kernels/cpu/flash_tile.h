@@ -153,6 +153,20 @@ inline void accumulate_pv(const uint16_t* v_tiles) {
   _tile_dpbf16ps(7, 3, 2);
 }
 
+inline void zero_tiles_4_7() {
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+}
+
+inline void load_tiles_4_7(const float* in) {
+  _tile_loadd(4, in + 0 * 256, 64);
+  _tile_loadd(5, in + 1 * 256, 64);
+  _tile_loadd(6, in + 2 * 256, 64);
+  _tile_loadd(7, in + 3 * 256, 64);
+}
+
 inline void store_tiles_4_7(float* out) {
   _tile_stored(4, out + 0 * 256, 64);
   _tile_stored(5, out + 1 * 256, 64);
@@ -162,10 +176,7 @@ inline void store_tiles_4_7(float* out) {
 
 // Four output tiles (64 dims) of V^T P^T for one chunk, into pv.
 inline void pv_group(const uint16_t* v_tiles, float* pv) {
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+  zero_tiles_4_7();
   accumulate_pv(v_tiles);
   store_tiles_4_7(pv);
 }
@@ -193,10 +204,7 @@ inline void values_amx_resident(const uint16_t* vc, const uint32_t* pt) {
 inline void rescale_resident(__m512 alpha, float* ot) {
   store_tiles_4_7(ot);
   for (int e = 0; e < 64; ++e) _mm512_store_ps(ot + e * kTileRows, _mm512_mul_ps(_mm512_load_ps(ot + e * kTileRows), alpha));
-  _tile_loadd(4, ot + 0 * 256, 64);
-  _tile_loadd(5, ot + 1 * 256, 64);
-  _tile_loadd(6, ot + 2 * 256, 64);
-  _tile_loadd(7, ot + 3 * 256, 64);
+  load_tiles_4_7(ot);
 }
 #endif  // PAGODA_AMX
 
@@ -266,18 +274,14 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     transpose_16x16_words(t);
     for (int i = 0; i < 16; ++i) _mm512_store_si512(qt + (r0 + i) * kTileRows, t[i]);
   }
-  std::fill(ot, ot + d * kTileRows, 0.f);
 #ifdef PAGODA_AMX
   const bool resident = kAmx && d == 64;
-  if (resident) {
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    _tile_zero(7);
-  }
+  if (resident) zero_tiles_4_7();  // ot is written only from the tiles then
+  else
 #else
   constexpr bool resident = false;
 #endif
+    std::fill(ot, ot + d * kTileRows, 0.f);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 zero = _mm512_setzero_ps();
   __m512 m = neg_inf, l = zero;  // per query, in log2 units
