@@ -4,6 +4,8 @@ GEMV's 1-6 rows and at the panel kernel's more."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -88,7 +90,8 @@ def test_plan_matches_the_module_path(make_checkpoint, arch):
     assert all(ran == (rows <= decode_plan.MAX_ROWS or not prefill) for rows, prefill, ran in steps)
     assert fused and all(out is not None for out in fused)
     assert panel_layers[0].qkv is not plan.layers_for(1)[0].qkv
-    # The plan's unfused attention (a cascade's steps take it) at panel rows too.
+    # The plan's unfused attention (a layer whose bound attention has no fused
+    # path takes it) at panel rows too.
     for layer in panel_layers:
         layer.attend_qkv = lambda qkv, positions: None
     unfused = [_generate(llm, prompts) for prompts in _batches()]
@@ -244,3 +247,50 @@ def test_half_f32_plan_binds_the_kernels_half_linear_routes_to(
         assert module_copies == ([rows, rows] if rows > 128 else []), rows
         assert copies == module_copies, rows
         assert all(torch.equal(a, b) for a, b in zip(plan_out, module_out, strict=True)), rows
+
+
+# The bf16 cascade runs the prefill tiles, which take heads of 64 dims.
+HEADS_OF_64 = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_cascade_steps_take_the_fused_attention(make_checkpoint, monkeypatch):
+    """Ten streams behind one cached 160-token prefix: their decode steps attend the
+    prefix as a cascade inside the plan's fused RoPE + cache write + attention
+    (cpu_bound's decode_qkv), and produce what the module path (rotary module, then
+    the backend's cascade) does."""
+    _needs_gemv()
+    from worker.attention.backends.cpu import CPUAttentionBackend
+
+    taken: list[tuple[int, bool]] = []  # (cascade prefix length, called from decode_qkv)
+    cascade_len = CPUAttentionBackend._cascade_prefix_len
+
+    def traced_len(self, *args):
+        frame, fused = sys._getframe(1), False
+        while frame is not None and not fused:
+            fused, frame = frame.f_code.co_name == "decode_qkv", frame.f_back
+        taken.append((cascade_len(self, *args), fused))
+        return taken[-1][0]
+
+    monkeypatch.setattr(CPUAttentionBackend, "_cascade_prefix_len", traced_len)
+    shared, tails = (
+        random_prompts([160], seed=21)[0],
+        random_prompts([3 + i for i in range(10)], seed=22),
+    )
+    prompts = [shared + tail for tail in tails]
+    engine = {**ENGINE, "max_model_len": 256, "enable_prefix_caching": True}
+    results = []
+    for use_plan in (True, False):
+        # A fresh engine each: a second run from cached blocks would prefill in other chunks.
+        llm = LLM(str(make_checkpoint("llama", dtype=torch.bfloat16, **HEADS_OF_64)), **engine)
+        model = llm.engine.core.runner.model.model
+        llm.generate(prompts[:1], PARAMS, detokenize=False)  # builds the plan; caches the prefix
+        assert model.decode_plan not in (None, False), "the plan was not built"
+        if not use_plan:
+            model.decode_plan = None
+        taken.clear()
+        results.append(_generate(llm, prompts))
+        cascades = [fused for length, fused in taken if length >= 160]
+        assert cascades, "no step attended the shared prefix as a cascade"
+        assert all(fused == use_plan for fused in cascades)
+        llm.shutdown()
+    assert results[0] == results[1]

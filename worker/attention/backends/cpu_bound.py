@@ -112,9 +112,10 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
 
     def decode_qkv(qkv, positions, cos_cache, sin_cache, plan):
         """A decode-only step from the fused QKV rows (worker/models/decode_plan.py):
-        RoPE and the cache write in one kernel, then the decode kernel; None (nothing
-        done) for any other step, which takes the rotary module and `attend`."""
-        if plan.prefills or not plan.decode_seq_ids or (plan.cascade_blocks and cascade_ok):
+        RoPE and the cache write in one kernel, then the decode kernel (with a
+        cascade's shared prefix where the plan has one); None (nothing done) for
+        any other step, which takes the rotary module and `attend`."""
+        if plan.prefills or not plan.decode_seq_ids:
             return None
         num_tokens = qkv.shape[0]
         rope_write_kv(
@@ -133,7 +134,10 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
         if pair is None:
             pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
         query = qkv.as_strided((num_tokens, num_heads, head_dim), (qkv.stride(0), head_dim, 1))
-        decode_into(query, pair[0], plan)
+        if plan.cascade_blocks and cascade_ok:
+            backend._decode(query, key_cache, value_cache, plan, pair[0], scale, window)
+        else:
+            decode_into(query, pair[0], plan)
         return pair[1]
 
     attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
