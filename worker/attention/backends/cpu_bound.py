@@ -52,7 +52,11 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
     prefill_twin = backend._prefill
 
     def decode_into(query, out, plan):
-        """The decode kernel over this step's decode rows, into `out`."""
+        """This step's decode rows into `out`: the decode kernel, or where they may
+        share a cached prefix (a cascade) the backend's general path."""
+        if plan.cascade_blocks and cascade_ok:
+            backend._decode(query, key_cache, value_cache, plan, out, scale, window)
+            return
         decode(
             query,
             key_cache,
@@ -76,10 +80,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
             pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
         out = pair[0]
         if plan.decode_seq_ids:
-            if plan.cascade_blocks and cascade_ok:  # maybe a cascade: the general path
-                backend._decode(query, key_cache, value_cache, plan, out, scale, window)
-            else:
-                decode_into(query, out, plan)
+            decode_into(query, out, plan)
         if plan.prefills:
             if kernel_prefill:
                 prefill_kernel(
@@ -134,10 +135,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
         if pair is None:
             pair = step_output(plan, out_key, num_tokens, num_heads, head_dim, dtype)
         query = qkv.as_strided((num_tokens, num_heads, head_dim), (qkv.stride(0), head_dim, 1))
-        if plan.cascade_blocks and cascade_ok:
-            backend._decode(query, key_cache, value_cache, plan, pair[0], scale, window)
-        else:
-            decode_into(query, pair[0], plan)
+        decode_into(query, pair[0], plan)
         return pair[1]
 
     attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
