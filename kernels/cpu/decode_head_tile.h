@@ -91,9 +91,10 @@ struct SeqLayout {
 };
 
 // How a query head's part of the output and a cascade prefix's part combine:
-// out = acc * self + prefix_out * prefix (prefix 0 without a cascade).
+// out = acc * self + prefix_out * prefix (prefix 0 without a cascade). lse is
+// the log-sum-exp of this part's scores, for a split sequence's merge.
 struct PartWeights {
-  float self, prefix;
+  float self, prefix, lse;
 };
 
 // One query head's scores [span], in place: exp(s - max). The softmax is
@@ -112,26 +113,27 @@ inline PartWeights softmax_in_place(float* sc, int64_t span, const Prefix& prefi
     sc[j] = std::exp(sc[j] - m);
     total += sc[j];
   }
-  if (prefix.out == nullptr) return {1.f / total, 0.f};
+  if (prefix.out == nullptr) return {1.f / total, 0.f, m + std::log(total)};
   // Both halves as exp(lse - top): this one's sums carry exp(m).
   const float lse_p = prefix.lse[prefix.row(head, group)];
   const float top = std::max(m, lse_p);
   const float w_s = std::exp(m - top), w_p = std::exp(lse_p - top);
   const float inv = 1.f / (total * w_s + w_p);
-  return {w_s * inv, w_p * inv};
+  return {w_s * inv, w_p * inv, 0.f};
 }
 
-// A query head's output row (kChunks x 16 of o_row's head) from its accumulators.
-template <typename scalar_t, int kChunks>
+// A query head's output row (kChunks x 16 of o_row's head) from its accumulators;
+// out_t is float for one part of a split sequence (paged_attention_decode.cpp).
+template <typename out_t, int kChunks>
 inline void store_head(const vec16* acc, PartWeights w, const Prefix& prefix, int head, int group,
-                       scalar_t* o_row) {
+                       out_t* o_row) {
   constexpr int kDim = kChunks * kLanes;
   const float* p = prefix.out != nullptr ? prefix.out + prefix.row(head, group) * kDim : nullptr;
   for (int c = 0; c < kChunks; ++c)
     for (int l = 0; l < kLanes; ++l) {
       float o = acc[c][l] * w.self;
       if (p != nullptr) o += p[c * kLanes + l] * w.prefix;
-      o_row[head * kDim + c * kLanes + l] = static_cast<scalar_t>(o);
+      o_row[head * kDim + c * kLanes + l] = static_cast<out_t>(o);
     }
 }
 
@@ -163,10 +165,12 @@ inline void for_each_token(const scalar_t* base, const SeqLayout& s, int64_t col
 
 // Query heads head0 .. head0 + kG - 1 (all of KV head h) of one sequence.
 // q_row/o_row: the sequence's [num_heads, head_dim] rows; scores: kG x span floats.
-template <typename scalar_t, int kChunks, int kG>
+// For one part of a split sequence o_row is float and lse_row ([num_heads]) gets
+// each head's log-sum-exp; otherwise lse_row is null.
+template <typename scalar_t, int kChunks, int kG, typename out_t>
 void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base, const SeqLayout& s,
                       int h, int head0, int group, float scale, const Prefix& prefix, float* scores,
-                      scalar_t* o_row) {
+                      out_t* o_row, float* lse_row) {
   constexpr int kDim = kChunks * kLanes;
   constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
   const int64_t span = s.len - s.first, col = h * kDim;
@@ -237,7 +241,10 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
       for (int c = 0; c < kChunks; ++c) acc[i][c] += p * vv[c];
     }
   });
-  for (int i = 0; i < kG; ++i) store_head<scalar_t, kChunks>(acc[i], weights[i], prefix, head0 + i, group, o_row);
+  for (int i = 0; i < kG; ++i) {
+    store_head<out_t, kChunks>(acc[i], weights[i], prefix, head0 + i, group, o_row);
+    if (lse_row != nullptr) lse_row[head0 + i] = weights[i].lse;
+  }
 }
 
 // Query heads per tile: their accumulators and queries fit the 32 registers.
@@ -251,10 +258,10 @@ constexpr int64_t head_tile_passes(int num_kv_heads, int group) {
 }
 
 // Every query head of one sequence, KV head by KV head, tiles of up to kMaxTile.
-template <typename scalar_t, int kChunks>
+template <typename scalar_t, int kChunks, typename out_t>
 void decode_sequence_by_head(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
                              const SeqLayout& s, int num_kv_heads, int group, float scale, const Prefix& prefix,
-                             std::vector<float>& scores, scalar_t* o_row) {
+                             std::vector<float>& scores, out_t* o_row, float* lse_row) {
   constexpr int kTile = kMaxTile<kChunks>;
   scores.resize(static_cast<size_t>(kTile) * (s.len - s.first));
   for (int h = 0; h < num_kv_heads; ++h)
@@ -265,7 +272,7 @@ void decode_sequence_by_head(const scalar_t* q_row, const scalar_t* k_base, cons
   case r:                                                                                                     \
     if constexpr (r <= kTile)                                                                                 \
       attend_head_tile<scalar_t, kChunks, r>(q_row, k_base, v_base, s, h, head0, group, scale, prefix,        \
-                                             scores.data(), o_row);                                           \
+                                             scores.data(), o_row, lse_row);                                  \
     break;
         PAGODA_TILE(1) PAGODA_TILE(2) PAGODA_TILE(3) PAGODA_TILE(4)
 #undef PAGODA_TILE

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
@@ -12,6 +13,9 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
                             torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
                             const std::optional<torch::Tensor>& prefix_out,
                             const std::optional<torch::Tensor>& prefix_lse);
+std::vector<std::tuple<int64_t, int64_t, int64_t>> paged_attention_decode_parts(const torch::Tensor& seq_lens,
+                                                                                int64_t threads,
+                                                                                int64_t sliding_window);
 void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
                            const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
                            int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
@@ -57,6 +61,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("prefix_lse") = py::none(), release_gil());
   m.def("attention_over_prefix", &attention_over_prefix,
         "Cascade: every decode query against the prefix all its sequences share", release_gil());
+  m.def("paged_attention_decode_parts", &paged_attention_decode_parts,
+        "How the decode kernel splits sequences over `threads` threads: (seq, first, end) per part, "
+        "empty when it does not");
   m.def("supports", &supports, "Whether the decode kernel handles these head shapes");
   m.def("paged_attention_prefill", &paged_attention_prefill,
         "Paged attention over many new rows per sequence (bf16 or float32 tiles)", release_gil());

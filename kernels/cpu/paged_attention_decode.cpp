@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -80,7 +81,7 @@ inline void float_weighted_sum(const float* scores, int64_t span, const float* v
 template <int kChunks>
 void decode_sequence_f32(const float* q_row, const float* k_base, const float* v_base, const SeqLayout& s,
                          int num_kv_heads, int group, float scale, const Prefix& prefix,
-                         std::vector<float>& scores, std::vector<vec16>& work, float* o_row) {
+                         std::vector<float>& scores, std::vector<vec16>& work, float* o_row, float* lse_row) {
   const int num_heads = num_kv_heads * group;
   const int64_t span = s.len - s.first;
   // work: num_heads * kChunks query vectors, as many accumulators, then
@@ -126,8 +127,80 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
     for (int h = 0; h < num_kv_heads; ++h)
       float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, reinterpret_cast<float*>(acc));
   });
-  for (int head = 0; head < num_heads; ++head)
+  for (int head = 0; head < num_heads; ++head) {
     store_head<float, kChunks>(acc + head * kChunks, weights[head], prefix, head, group, o_row);
+    if (lse_row != nullptr) lse_row[head] = weights[head].lse;
+  }
+}
+
+// A sequence is one thread's task, so with fewer sequences than threads (one
+// stream) the other threads idle: one sequence of 324 tokens (SmolLM2's 9/3
+// heads of 64, 30 layers) took 0.43 ms on one thread of a 2-core Zen 4, hot or
+// cold. Then its attended tokens go in parts that threads attend apart, each
+// part's float32 output and log-sum-exp per head merged by merge_parts. Parts
+// of at least kMinPartTokens, at most kMaxParts to a sequence. A part costs a
+// parallel task and a merge: one sequence on 2 threads of that Zen 4, hot, per
+// call vs one thread's walk: 2 x 64 tokens 1.24x, 2 x 162 0.80x, 2 x 500 0.63x,
+// 2 x 2000 0.56x; but one stream's decode step at 300-500 tokens in the engine
+// (parts of 150-250) was no faster (per-pair median 1.01, 9 pairs), at 600-800
+// 0.98, at 4000 0.87.
+constexpr int64_t kMinPartTokens = 256, kMaxParts = 16;
+
+// First token attended: past a sliding window's start and a cascade's prefix.
+inline int64_t attended_from(int64_t len, int64_t sliding_window, int64_t prefix_len) {
+  return std::max(sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0, prefix_len);
+}
+
+}  // namespace
+
+// Fewer sequences than threads (one stream, say): each sequence's attended tokens
+// in ceil(threads / sequences) near-equal parts, fewer where a part would fall
+// under kMinPartTokens; parts of one sequence adjacent, in token order. Empty
+// when no sequence splits (then each sequence is one thread's task).
+std::vector<std::tuple<int64_t, int64_t, int64_t>> decode_parts(const int32_t* lens, int64_t num_seqs,
+                                                                int64_t threads, int64_t sliding_window) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> parts;
+  if (num_seqs >= threads) return parts;
+  const int64_t per_seq = std::min(kMaxParts, (threads + num_seqs - 1) / num_seqs);
+  auto parts_of = [&](int64_t span) { return std::max<int64_t>(1, std::min(per_seq, span / kMinPartTokens)); };
+  bool split = false;
+  for (int64_t s = 0; s < num_seqs && !split; ++s)
+    split = parts_of(lens[s] - attended_from(lens[s], sliding_window, 0)) > 1;
+  if (!split) return parts;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t first = attended_from(lens[s], sliding_window, 0), span = lens[s] - first, n = parts_of(span);
+    for (int64_t i = 0; i < n; ++i) parts.emplace_back(s, first + span * i / n, first + span * (i + 1) / n);
+  }
+  return parts;
+}
+
+// The same plan for Python (tests): (sequence, first token, end token) per part.
+std::vector<std::tuple<int64_t, int64_t, int64_t>> paged_attention_decode_parts(const torch::Tensor& seq_lens,
+                                                                                int64_t threads,
+                                                                                int64_t sliding_window) {
+  TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.dim() == 1, "seq_lens must be int32 [num_seqs]");
+  const torch::Tensor lens = seq_lens.contiguous();
+  return decode_parts(lens.data_ptr<int32_t>(), lens.size(0), threads, sliding_window);
+}
+
+namespace {
+
+// out row = the parts' outputs weighted by exp(lse - max lse), over their total:
+// the softmax over all of a sequence's tokens from the softmaxes of its parts.
+template <typename scalar_t>
+void merge_parts(const float* part_out, const float* part_lse, int64_t parts, int64_t num_heads,
+                 int64_t head_dim, scalar_t* o_row) {
+  for (int64_t head = 0; head < num_heads; ++head) {
+    float top = -INFINITY;
+    for (int64_t p = 0; p < parts; ++p) top = std::max(top, part_lse[p * num_heads + head]);
+    float weights[kMaxParts], total = 0.f;
+    for (int64_t p = 0; p < parts; ++p) total += weights[p] = std::exp(part_lse[p * num_heads + head] - top);
+    for (int64_t d = 0; d < head_dim; ++d) {
+      float o = 0.f;
+      for (int64_t p = 0; p < parts; ++p) o += weights[p] * part_out[(p * num_heads + head) * head_dim + d];
+      o_row[head * head_dim + d] = static_cast<scalar_t>(o / total);
+    }
+  }
 }
 
 template <typename scalar_t, int kChunks>
@@ -161,15 +234,56 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   for (int64_t s = 0; s < num_seqs; ++s) order[s] = s;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len_ptr[a] > len_ptr[b]; });
   // First token attended: past a sliding window's start and a cascade's prefix.
-  auto attended_from = [&](int64_t len) {
-    return std::max(sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0, prefix_len);
-  };
+  auto attended_from = [&](int64_t len) { return ::attended_from(len, sliding_window, prefix_len); };
   const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t block_bytes = block_size * row_bytes;
   // Token rows of K and V one sequence's walk reads per token.
   const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
   // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
   // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
+  // (A cascade has many sequences: it never splits.)
+  const auto parts = prefix_out == nullptr ? decode_parts(len_ptr, num_seqs, at::get_num_threads(), sliding_window)
+                                           : std::vector<std::tuple<int64_t, int64_t, int64_t>>{};
+  if (!parts.empty()) {
+    // parts x [num_heads, head_dim] outputs and parts x [num_heads] log-sum-exps.
+    const int64_t num_parts = static_cast<int64_t>(parts.size()), head_elems = num_heads * head_dim;
+    std::vector<float> part_out(num_parts * head_elems), part_lse(num_parts * num_heads);
+    // Longest part first through a counter, as sequences go below.
+    std::vector<int64_t> by_size(num_parts);
+    for (int64_t i = 0; i < num_parts; ++i) by_size[i] = i;
+    std::stable_sort(by_size.begin(), by_size.end(), [&](int64_t a, int64_t b) {
+      return std::get<2>(parts[a]) - std::get<1>(parts[a]) > std::get<2>(parts[b]) - std::get<1>(parts[b]);
+    });
+    std::atomic<int64_t> next_part{0};
+    const int64_t part_threads = std::min<int64_t>(num_parts, at::get_num_threads());
+    at::parallel_for(0, part_threads, 1, [&](int64_t, int64_t) {
+      std::vector<float> scores;
+      std::vector<vec16> work;
+      for (int64_t n = next_part++; n < num_parts; n = next_part++) {
+        const int64_t i = by_size[n];
+        const auto [seq, first, end] = parts[i];
+        const SeqLayout layout{bt_ptr + seq * max_blocks, first, end, block_size, block_stride, num_kv_heads * head_dim};
+        const scalar_t* q = q_ptr + row_ptr[seq] * q_stride;
+        float* o = part_out.data() + i * head_elems;
+        float* lse = part_lse.data() + i * num_heads;
+        if constexpr (std::is_same_v<scalar_t, float>)
+          decode_sequence_f32<kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group, static_cast<float>(scale),
+                                       Prefix{}, scores, work, o, lse);
+        else
+          decode_sequence_by_head<scalar_t, kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group,
+                                                     static_cast<float>(scale), Prefix{}, scores, o, lse);
+      }
+    });
+    for (int64_t i = 0; i < num_parts;) {  // a sequence's parts are adjacent
+      int64_t end = i + 1;
+      const int64_t seq = std::get<0>(parts[i]);
+      while (end < num_parts && std::get<0>(parts[end]) == seq) ++end;
+      merge_parts(part_out.data() + i * head_elems, part_lse.data() + i * num_heads, end - i, num_heads, head_dim,
+                  o_ptr + row_ptr[seq] * num_heads * head_dim);
+      i = end;
+    }
+    return;
+  }
   const int64_t threads = std::min<int64_t>(num_seqs, at::get_num_threads());
   const bool read_ahead = num_seqs >= 4 * threads;
   std::atomic<int64_t> next{0};
@@ -205,10 +319,11 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                              ahead < num_seqs ? &readahead : nullptr};
       if constexpr (std::is_same_v<scalar_t, float>)
         decode_sequence_f32<kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                     static_cast<float>(scale), prefix, scores, work, o_ptr + row_offset);
+                                     static_cast<float>(scale), prefix, scores, work, o_ptr + row_offset, nullptr);
       else
         decode_sequence_by_head<scalar_t, kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                                   static_cast<float>(scale), prefix, scores, o_ptr + row_offset);
+                                                   static_cast<float>(scale), prefix, scores, o_ptr + row_offset,
+                                                   nullptr);
       n = read_ahead ? ahead : next++;
     }
   });

@@ -99,3 +99,73 @@ def test_write_kv_cache_rejects_a_slot_outside_the_cache():
     rows = torch.zeros(1, 1, 16)
     with pytest.raises(RuntimeError, match="out of range"):
         kernels.write_kv_cache(rows, rows, cache, cache.clone(), torch.tensor([8]))
+
+
+@pytest.mark.parametrize(
+    "seq_lens, threads, window, parts",
+    [
+        ([600], 2, 0, [(0, 0, 300), (0, 300, 600)]),
+        ([511], 2, 0, []),  # two parts would be under 256 tokens each
+        ([512], 2, 0, [(0, 0, 256), (0, 256, 512)]),
+        ([1000], 4, 0, [(0, 0, 333), (0, 333, 666), (0, 666, 1000)]),  # 3 parts of 256+
+        ([1000, 100], 4, 0, [(0, 0, 500), (0, 500, 1000), (1, 0, 100)]),
+        ([600, 600], 2, 0, []),  # a sequence per thread already
+        ([1000], 2, 600, [(0, 400, 700), (0, 700, 1000)]),  # the window's tokens only
+        ([1000], 2, 300, []),
+        ([4096], 64, 0, [(0, 256 * i, 256 * (i + 1)) for i in range(16)]),  # 16 at most
+    ],
+)
+def test_decode_splits_few_long_sequences_over_the_threads(seq_lens, threads, window, parts):
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    assert kernels.paged_attention_decode_parts(lens, threads, window) == parts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "seq_lens, threads, window",
+    [([1000], 2, 0), ([700, 90], 4, 0), ([900], 3, 600), ([520], 2, 0)],
+)
+def test_split_sequences_match_reference(dtype, seq_lens, threads, window):
+    """One stream's sequence in parts on several threads, merged by log-sum-exp."""
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    assert kernels.paged_attention_decode_parts(lens, threads, window), "the case must split"
+    torch.manual_seed(1)
+    num_heads, num_kv_heads, head_dim, block_size = 9, 3, 64, 8
+    width = -(-max(seq_lens) // block_size)
+    num_blocks = width * len(seq_lens) + 8
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    block_tables = (
+        torch.randperm(num_blocks)[: width * len(seq_lens)].int().view(len(seq_lens), width)
+    )
+    query = torch.randn(len(seq_lens), num_heads, head_dim).to(dtype)
+    out = torch.zeros(query.shape, dtype=dtype)
+    scale = head_dim**-0.5
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernels.paged_attention_decode(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            lens,
+            torch.arange(len(seq_lens)),
+            out,
+            scale,
+            window,
+        )
+    finally:
+        torch.set_num_threads(before)
+    expected = paged_attention_reference(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        list(range(len(seq_lens) + 1)),
+        seq_lens,
+        scale,
+        window or None,
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)

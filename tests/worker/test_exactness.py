@@ -95,6 +95,33 @@ def test_decode_cascade_over_a_shared_prefix(arch_path, hf_greedy, monkeypatch):
         assert max(cascades) == 132
 
 
+def test_one_long_stream_splits_its_decode_attention(arch_path, hf_greedy, monkeypatch):
+    """One stream of 520+ tokens on two threads: the decode kernel attends each step's
+    tokens in two parts, a thread each, and merges them by log-sum-exp."""
+    import torch
+
+    from kernels.cpu import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C++ toolchain to build the CPU kernels")
+    splits = []
+    plain = kernels.paged_attention_decode
+
+    def spy(*args, **kwargs):
+        seq_lens, window = args[4], args[8] if len(args) > 8 else kwargs["sliding_window"]
+        splits.append(
+            len(kernels.paged_attention_decode_parts(seq_lens, torch.get_num_threads(), window))
+        )
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "paged_attention_decode", spy)  # before the layers bind it
+    prompts = random_prompts([520], seed=9)
+    got, _, _ = run_llm(arch_path, prompts, max_model_len=1024, num_kv_blocks=256, cpu_threads=2)
+    assert got == hf_greedy(arch_path, prompts, MAX_TOKENS)
+    assert splits and set(splits) == {2}
+
+
 def test_chunked_prefill(arch_path, hf_greedy):
     prompts = random_prompts(LENGTHS, seed=4)
     got, _, _ = run_llm(arch_path, prompts, max_num_batched_tokens=16)
