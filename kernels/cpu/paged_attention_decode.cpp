@@ -133,11 +133,12 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
   }
 }
 
-// A sequence is one thread's task, so with fewer sequences than threads (one
-// stream) the other threads idle: one sequence of 324 tokens (SmolLM2's 9/3
-// heads of 64, 30 layers) took 0.43 ms on one thread of a 2-core Zen 4, hot or
-// cold. Then its attended tokens go in parts that threads attend apart, each
-// part's float32 output and log-sum-exp per head merged by merge_parts. Parts
+// A sequence is one thread's task, so one long sequence sets a step's time
+// while other threads idle (one stream: one sequence of 324 tokens, SmolLM2's
+// 9/3 heads of 64, 30 layers, took 0.43 ms on one thread of a 2-core Zen 4, hot
+// or cold). Such a sequence's attended tokens go in parts that threads attend
+// apart, each part's float32 output and log-sum-exp per head merged by
+// merge_parts. Parts
 // of at least kMinPartTokens, at most kMaxParts to a sequence. A part costs a
 // parallel task and a merge: one sequence on 2 threads of that Zen 4, hot, per
 // call vs one thread's walk: 2 x 64 tokens 1.24x, 2 x 162 0.80x, 2 x 500 0.63x,
@@ -153,19 +154,25 @@ inline int64_t attended_from(int64_t len, int64_t sliding_window, int64_t prefix
 
 }  // namespace
 
-// Fewer sequences than threads (one stream, say): each sequence's attended tokens
-// in ceil(threads / sequences) near-equal parts, fewer where a part would fall
-// under kMinPartTokens; parts of one sequence adjacent, in token order. Empty
-// when no sequence splits (then each sequence is one thread's task).
+// A sequence longer than a thread's share of the step's tokens (one stream; or
+// one long context among a few short ones) in ceil(span x threads / total)
+// near-equal parts, fewer where a part would fall under kMinPartTokens; parts of
+// one sequence adjacent, in token order, every other sequence one part. Empty
+// when nothing splits, and from 4 sequences per thread, where the read-ahead
+// path runs (each sequence one thread's task).
 std::vector<std::tuple<int64_t, int64_t, int64_t>> decode_parts(const int32_t* lens, int64_t num_seqs,
                                                                 int64_t threads, int64_t sliding_window) {
   std::vector<std::tuple<int64_t, int64_t, int64_t>> parts;
-  if (num_seqs >= threads) return parts;
-  const int64_t per_seq = std::min(kMaxParts, (threads + num_seqs - 1) / num_seqs);
-  auto parts_of = [&](int64_t span) { return std::max<int64_t>(1, std::min(per_seq, span / kMinPartTokens)); };
+  if (threads < 2 || num_seqs >= 4 * threads) return parts;
+  auto span_of = [&](int64_t s) { return lens[s] - attended_from(lens[s], sliding_window, 0); };
+  int64_t total = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) total += span_of(s);
+  auto parts_of = [&](int64_t span) {
+    const int64_t share = (span * threads + total - 1) / total;  // threads' worth of this sequence
+    return std::max<int64_t>(1, std::min({kMaxParts, span / kMinPartTokens, share}));
+  };
   bool split = false;
-  for (int64_t s = 0; s < num_seqs && !split; ++s)
-    split = parts_of(lens[s] - attended_from(lens[s], sliding_window, 0)) > 1;
+  for (int64_t s = 0; s < num_seqs && !split; ++s) split = parts_of(span_of(s)) > 1;
   if (!split) return parts;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t first = attended_from(lens[s], sliding_window, 0), span = lens[s] - first, n = parts_of(span);

@@ -108,8 +108,12 @@ def test_write_kv_cache_rejects_a_slot_outside_the_cache():
         ([511], 2, 0, []),  # two parts would be under 256 tokens each
         ([512], 2, 0, [(0, 0, 256), (0, 256, 512)]),
         ([1000], 4, 0, [(0, 0, 333), (0, 333, 666), (0, 666, 1000)]),  # 3 parts of 256+
-        ([1000, 100], 4, 0, [(0, 0, 500), (0, 500, 1000), (1, 0, 100)]),
+        # A long context among short ones: its share of 4 threads is 4, 256+ tokens a part.
+        ([1000, 100], 4, 0, [(0, 0, 333), (0, 333, 666), (0, 666, 1000), (1, 0, 100)]),
+        ([4000, 100, 100], 2, 0, [(0, 0, 2000), (0, 2000, 4000), (1, 0, 100), (2, 0, 100)]),
         ([600, 600], 2, 0, []),  # a sequence per thread already
+        ([2000] + [100] * 7, 2, 0, []),  # 4 sequences per thread: the read-ahead path
+        ([1000], 1, 0, []),
         ([1000], 2, 600, [(0, 400, 700), (0, 700, 1000)]),  # the window's tokens only
         ([1000], 2, 300, []),
         ([4096], 64, 0, [(0, 256 * i, 256 * (i + 1)) for i in range(16)]),  # 16 at most
@@ -123,10 +127,10 @@ def test_decode_splits_few_long_sequences_over_the_threads(seq_lens, threads, wi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "seq_lens, threads, window",
-    [([1000], 2, 0), ([700, 90], 4, 0), ([900], 3, 600), ([520], 2, 0)],
+    [([1000], 2, 0), ([700, 90], 4, 0), ([900], 3, 600), ([520], 2, 0), ([1500, 60, 200], 2, 0)],
 )
 def test_split_sequences_match_reference(dtype, seq_lens, threads, window):
-    """One stream's sequence in parts on several threads, merged by log-sum-exp."""
+    """Long sequences in parts on several threads, merged by log-sum-exp."""
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     assert kernels.paged_attention_decode_parts(lens, threads, window), "the case must split"
     torch.manual_seed(1)
