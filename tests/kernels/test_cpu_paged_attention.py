@@ -61,21 +61,29 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
         scale,
         window or 0,
     )
+    _assert_matches_reference(
+        out[rows], query[rows], key_cache, value_cache, block_tables, seq_lens, window
+    )
+    untouched = torch.ones(num_rows, dtype=torch.bool)
+    untouched[rows] = False
+    assert out[untouched].abs().sum() == 0
+
+
+def _assert_matches_reference(out, query, key_cache, value_cache, block_tables, seq_lens, window):
+    """out: the kernel's rows, one per sequence, as query's."""
+    head_dim = query.shape[-1]
     expected = paged_attention_reference(
-        query[rows],
+        query,
         key_cache,
         value_cache,
         block_tables,
         list(range(len(seq_lens) + 1)),
         seq_lens,
-        scale,
-        window,
+        head_dim**-0.5,
+        window or None,
     )
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out[rows], expected, atol=tolerance, rtol=tolerance)
-    untouched = torch.ones(num_rows, dtype=torch.bool)
-    untouched[rows] = False
-    assert out[untouched].abs().sum() == 0
+    tolerance = 1e-5 if query.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -161,15 +169,4 @@ def test_split_sequences_match_reference(dtype, seq_lens, threads, window):
         )
     finally:
         torch.set_num_threads(before)
-    expected = paged_attention_reference(
-        query,
-        key_cache,
-        value_cache,
-        block_tables,
-        list(range(len(seq_lens) + 1)),
-        seq_lens,
-        scale,
-        window or None,
-    )
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    _assert_matches_reference(out, query, key_cache, value_cache, block_tables, seq_lens, window)
