@@ -138,9 +138,8 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
 // 9/3 heads of 64, 30 layers, took 0.43 ms on one thread of a 2-core Zen 4, hot
 // or cold). Such a sequence's attended tokens go in parts that threads attend
 // apart, each part's float32 output and log-sum-exp per head merged by
-// merge_parts. Parts
-// of at least kMinPartTokens, at most kMaxParts to a sequence. A part costs a
-// parallel task and a merge: one sequence on 2 threads of that Zen 4, hot, per
+// merge_parts. Parts of at least kMinPartTokens, at most kMaxParts to a
+// sequence. A part costs a parallel task and a merge: one sequence on 2 threads of that Zen 4, hot, per
 // call vs one thread's walk: 2 x 64 tokens 1.24x, 2 x 162 0.80x, 2 x 500 0.63x,
 // 2 x 2000 0.56x; but one stream's decode step at 300-500 tokens in the engine
 // (parts of 150-250) was no faster (per-pair median 1.01, 9 pairs), at 600-800
@@ -234,21 +233,19 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   const int64_t* row_ptr = query_rows.data_ptr<int64_t>();
   scalar_t* o_ptr = out.data_ptr<scalar_t>();
 
-  // Sequences longest first through an atomic counter: contexts differ by 10x
-  // within a step, and static halves left one core idle (64 sequences of 16-384
-  // tokens sorted by length: 528 us in halves, 369 us shuffled).
-  std::vector<int64_t> order(num_seqs);
-  for (int64_t s = 0; s < num_seqs; ++s) order[s] = s;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len_ptr[a] > len_ptr[b]; });
-  // First token attended: past a sliding window's start and a cascade's prefix.
-  auto attended_from = [&](int64_t len) { return ::attended_from(len, sliding_window, prefix_len); };
-  const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(scalar_t));
-  const int64_t block_bytes = block_size * row_bytes;
-  // Token rows of K and V one sequence's walk reads per token.
-  const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
-  // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
-  // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
-  // (A cascade has many sequences: it never splits.)
+  // One sequence's (or part's) attention: float32 walks whole token rows, 16-bit
+  // caches KV head by KV head (decode_head_tile.h). out_t: scalar_t, or float for a part.
+  auto attend = [&](const scalar_t* q, const SeqLayout& layout, const Prefix& prefix, std::vector<float>& scores,
+                    std::vector<vec16>& work, auto* o, float* lse) {
+    if constexpr (std::is_same_v<scalar_t, float>)
+      decode_sequence_f32<kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group, static_cast<float>(scale), prefix,
+                                   scores, work, o, lse);
+    else
+      decode_sequence_by_head<scalar_t, kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group,
+                                                 static_cast<float>(scale), prefix, scores, o, lse);
+  };
+
+  // Long sequences in parts (decode_parts); a cascade has many sequences and never splits.
   const auto parts = prefix_out == nullptr ? decode_parts(len_ptr, num_seqs, at::get_num_threads(), sliding_window)
                                            : std::vector<std::tuple<int64_t, int64_t, int64_t>>{};
   if (!parts.empty()) {
@@ -273,12 +270,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
         const scalar_t* q = q_ptr + row_ptr[seq] * q_stride;
         float* o = part_out.data() + i * head_elems;
         float* lse = part_lse.data() + i * num_heads;
-        if constexpr (std::is_same_v<scalar_t, float>)
-          decode_sequence_f32<kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group, static_cast<float>(scale),
-                                       Prefix{}, scores, work, o, lse);
-        else
-          decode_sequence_by_head<scalar_t, kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                                     static_cast<float>(scale), Prefix{}, scores, o, lse);
+        attend(q, layout, Prefix{}, scores, work, o, lse);
       }
     });
     for (int64_t i = 0; i < num_parts;) {  // a sequence's parts are adjacent
@@ -291,6 +283,20 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
     }
     return;
   }
+  // Sequences longest first through an atomic counter: contexts differ by 10x
+  // within a step, and static halves left one core idle (64 sequences of 16-384
+  // tokens sorted by length: 528 us in halves, 369 us shuffled).
+  std::vector<int64_t> order(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len_ptr[a] > len_ptr[b]; });
+  // First token attended: past a sliding window's start and a cascade's prefix.
+  auto attended_from = [&](int64_t len) { return ::attended_from(len, sliding_window, prefix_len); };
+  const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t block_bytes = block_size * row_bytes;
+  // Token rows of K and V one sequence's walk reads per token.
+  const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
+  // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
+  // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
   const int64_t threads = std::min<int64_t>(num_seqs, at::get_num_threads());
   const bool read_ahead = num_seqs >= 4 * threads;
   std::atomic<int64_t> next{0};
@@ -324,13 +330,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                              block_stride,
                              num_kv_heads * head_dim,
                              ahead < num_seqs ? &readahead : nullptr};
-      if constexpr (std::is_same_v<scalar_t, float>)
-        decode_sequence_f32<kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                     static_cast<float>(scale), prefix, scores, work, o_ptr + row_offset, nullptr);
-      else
-        decode_sequence_by_head<scalar_t, kChunks>(q_ptr + q_offset, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                                   static_cast<float>(scale), prefix, scores, o_ptr + row_offset,
-                                                   nullptr);
+      attend(q_ptr + q_offset, layout, prefix, scores, work, o_ptr + row_offset, nullptr);
       n = read_ahead ? ahead : next++;
     }
   });
