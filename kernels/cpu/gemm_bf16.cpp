@@ -191,7 +191,7 @@ void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, c
 }
 
 template <typename Unit>
-void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, Unit&& unit) {
+void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, int64_t panels_per_unit, Unit&& unit) {
   // A tile reads 16 whole rows: a short tail runs from a zero-padded copy.
   std::vector<uint16_t> tail;
   std::vector<RowBlock> blocks;
@@ -204,23 +204,30 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, Unit&& u
   }
   // Many rows: a chunk of x that stays in L2 (about 512 KB) runs against all of
   // a thread's panels before the next; otherwise every panel would stream all of x.
+  // Within a chunk, a row pair runs against a group of units (panels filling
+  // about 1 MB of L2) before the next pair, so out is written along its rows.
+  // Unit by unit, each 32-row call stored one 64-byte line per row, a column
+  // walking down out: 25-30% of a 4096-row call went to those stores (an AMX
+  // Xeon, family 6 model 207), and a group is 0.8-0.9x the time of that order.
   const int64_t nb = static_cast<int64_t>(blocks.size());
   const int64_t chunk = std::max<int64_t>(2, (512 * 1024) / (k * 2 * 16) / 2 * 2);  // blocks, even
+  const int64_t group = std::max<int64_t>(1, (1 << 20) / (k * 2 * kPanel * panels_per_unit));
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     with_tiles<true>([&] {
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
-        for (int64_t u = begin; u < end; ++u)
-          for (int64_t i = c0; i < c1; i += 2) {
-            const bool two = i + 1 < c1;
-            const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
-            unit(u, blocks[i].first_row, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
-              if (two)
-                amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo);
-              else
-                amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo);
-            });
-          }
+        for (int64_t u0 = begin; u0 < end; u0 += group)
+          for (int64_t i = c0; i < c1; i += 2)
+            for (int64_t u = u0; u < std::min(end, u0 + group); ++u) {
+              const bool two = i + 1 < c1;
+              const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
+              unit(u, blocks[i].first_row, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
+                if (two)
+                  amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo);
+                else
+                  amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo);
+              });
+            }
       }
     });
   });
@@ -301,7 +308,7 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
   };
 #ifdef PAGODA_AMX
   if (k % 32 == 0 && use_amx()) {
-    amx_linear(xp, m, k, units, unit);
+    amx_linear(xp, m, k, units, silu ? 2 : 1, unit);
     return out;
   }
 #endif

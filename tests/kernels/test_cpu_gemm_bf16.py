@@ -60,6 +60,28 @@ def test_many_rows_in_chunks_equal_the_rows_in_slices_bit_for_bit(silu):
     assert torch.equal(linear(x, packed, None), sliced)
 
 
+@pytest.mark.parametrize("silu", [False, True])
+def test_row_pairs_over_groups_of_panels_equal_one_block_at_a_time_bit_for_bit(silu):
+    """With AMX a row pair runs against a group of panels (about 1 MB: 8 at
+    K = 2048, 4 units with SiLU) before the next pair; 40 panels give each of two
+    threads groups of 8, 8 and 4 (SiLU: 4, 4 and 2), and 80 rows two pairs and a
+    lone block. 16 rows at a time is one block per call. Each output is the same
+    k-ordered sum either way."""
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(40 * 32, 2048, generator=gen).to(torch.bfloat16)
+    x = torch.randn(80, 2048, generator=gen).to(torch.bfloat16)
+    packed = kernels.pack_bf16_panels(weight)
+    linear = kernels.bf16_panel_linear_silu if silu else kernels.bf16_panel_linear
+    out = linear(x, packed, None)
+    sliced = torch.cat([linear(x[i : i + 16].contiguous(), packed, None) for i in range(0, 80, 16)])
+    assert torch.equal(out, sliced)
+    if not silu:
+        expected = x.double() @ weight.double().T
+        assert bool(
+            ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 2048 * 2**-21).all()
+        )
+
+
 @pytest.mark.parametrize("rows", [13, 36, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_outputs_past_l2_streamed_equal_small_outputs_bit_for_bit(rows, bias):
