@@ -218,17 +218,17 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, int64_t 
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
         for (int64_t u0 = begin; u0 < end; u0 += group)
-          for (int64_t i = c0; i < c1; i += 2)
-            for (int64_t u = u0; u < std::min(end, u0 + group); ++u) {
-              const bool two = i + 1 < c1;
-              const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
+          for (int64_t i = c0; i < c1; i += 2) {
+            const bool two = i + 1 < c1;
+            const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
+            for (int64_t u = u0; u < std::min(end, u0 + group); ++u)
               unit(u, blocks[i].first_row, rows, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
                 if (two)
                   amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo);
                 else
                   amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo);
               });
-            }
+          }
       }
     });
   });
