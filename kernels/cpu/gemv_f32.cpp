@@ -23,7 +23,12 @@
 // 8 rows, 0.77 at 4, 0.91 at 2, level at 1 (9.1 ms: 82-91% of a plain AVX2
 // read of the bf16 bytes, where oneDNN float32 took 24.4 ms).
 // Tried: 2-4 panels at once (as gemv_bf16.cpp does) and prefetch at 1-4 rows:
-// 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5).
+// 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5). At 1-4 rows the lines
+// are prefetched non-temporal instead (a weight is read once a step; without
+// the hint the step's weights flushed L2/L3 of what the kernels between the
+// linears use): one stream, emulated AVX2 on a Zen 5, 2 threads, 8 alternating
+// rounds of 256 tokens: step 0.924x the time, the linears alone 6.62 -> 6.11 ms
+// a pass (median). Not measured on an AVX2-only CPU.
 // Each column's k steps are summed in U partial sums, added, then the bias:
 // the twin is F.linear(x, weight.float(), bias), equal up to float32 summation
 // order (tests/kernels/test_cpu_gemv_f32.py).
@@ -60,7 +65,7 @@ static_assert(kPanel == pagoda_half::kPanel);
 // R rows of one panel: dst + r * ldo gets row r's 16 outputs (+ bias, float32
 // [16] or null). x's (row r, k) is at x[k * R + r] (pack_row_groups). U sets of accumulators take the k
 // steps in turn (2R x U independent FMA chains), added at the end.
-template <bool kBf16, int R, int U, bool kPf>
+template <bool kBf16, int R, int U, bool kNta>
 inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, const float* bias, float* dst,
                        int64_t ldo) {
   static_assert(R * U <= 6 && (U == 1 || U == 2 || U == 4), "2 R U accumulators must fit in 12 registers");
@@ -82,11 +87,10 @@ inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, con
   };
   int64_t k = 0;
   for (; k + S <= k_len; k += S) {
-    if constexpr (kPf) {
 #pragma GCC unroll 2
-      for (int l = 0; l < S / 2; ++l)  // two k steps = one 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel) + kAheadBytes + 64 * l, _MM_HINT_T0);
-    }
+    for (int l = 0; l < S / 2; ++l)  // two k steps = one 64-byte line
+      _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel) + kAheadBytes + 64 * l,
+                   kNta ? _MM_HINT_NTA : _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int j = 0; j < S; ++j) step(k + j, j % U);
   }
@@ -104,14 +108,14 @@ inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, con
 }
 
 // Per row count, U sets so that each k step has 8-12 independent FMA chains.
-template <bool kBf16, bool kPf>
+template <bool kBf16, bool kNta>
 void run_rows(int rows, const float* x, int64_t k_len, const uint16_t* panel, const float* bias, float* dst,
               int64_t ldo) {
   switch (rows) {
-    case 1: return panel_rows<kBf16, 1, 4, kPf>(x, k_len, panel, bias, dst, ldo);
-    case 2: return panel_rows<kBf16, 2, 2, kPf>(x, k_len, panel, bias, dst, ldo);
-    case 3: return panel_rows<kBf16, 3, 2, kPf>(x, k_len, panel, bias, dst, ldo);
-    default: return panel_rows<kBf16, 4, 1, kPf>(x, k_len, panel, bias, dst, ldo);
+    case 1: return panel_rows<kBf16, 1, 4, kNta>(x, k_len, panel, bias, dst, ldo);
+    case 2: return panel_rows<kBf16, 2, 2, kNta>(x, k_len, panel, bias, dst, ldo);
+    case 3: return panel_rows<kBf16, 3, 2, kNta>(x, k_len, panel, bias, dst, ldo);
+    default: return panel_rows<kBf16, 4, 1, kNta>(x, k_len, panel, bias, dst, ldo);
   }
 }
 
@@ -137,9 +141,9 @@ void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, 
           float* out) {
   const int64_t n = panels * kPanel;
   const float* x = pack_row_groups(x_rows, rows, k_len);
-  // Prefetch only where the FMAs, not the stream, set the pace (5-8 rows): at
-  // 1-4 rows the hardware prefetcher alone kept up better.
-  const bool prefetch = rows > kRowGroup;
+  // 5-8 rows: prefetched into the caches, from which the second row group
+  // re-reads the panel; 1-4 rows: one pass, prefetched non-temporal.
+  const bool two_groups = rows > kRowGroup;
   // Contiguous runs of panels, kChunksPerThread per thread, from an atomic
   // counter. One panel per fetch (0.5-1 us of work at one row) ran at 0.6x the
   // static split's speed on 2 threads: the counter's line moving between cores
@@ -158,10 +162,10 @@ void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, 
         for (int r0 = 0; r0 < rows; r0 += kRowGroup) {
           const int r = std::min(kRowGroup, rows - r0);
           float* dst = out + r0 * n + p * kPanel;
-          if (prefetch)
-            run_rows<kBf16, true>(r, x + r0 * k_len, k_len, panel, b, dst, n);
-          else
+          if (two_groups)
             run_rows<kBf16, false>(r, x + r0 * k_len, k_len, panel, b, dst, n);
+          else
+            run_rows<kBf16, true>(r, x + r0 * k_len, k_len, panel, b, dst, n);
         }
       }
     }
