@@ -22,7 +22,7 @@
 // time, load 4-7): SmolLM2's 30 layers + LM head, that kernel's time x 0.77 at
 // 8 rows, 0.77 at 4, 0.91 at 2, level at 1 (9.1 ms: 82-91% of a plain AVX2
 // read of the bf16 bytes, where oneDNN float32 took 24.4 ms).
-// Tried: 2-4 panels at once (as gemv_bf16.cpp does) and prefetch at 1-4 rows:
+// Tried: 2-4 panels at once (as gemv_bf16.cpp does) and T0 prefetch at 1-4 rows:
 // 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5). At 1-4 rows the lines
 // are prefetched non-temporal instead (a weight is read once a step; without
 // the hint the step's weights flushed L2/L3 of what the kernels between the
