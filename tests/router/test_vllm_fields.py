@@ -337,7 +337,10 @@ def test_priority_reorders_a_saturated_workers_queue(special):
         while not started:
             await asyncio.sleep(0.005)
         low = asyncio.create_task(first_token_time(client, 5, 4, started))
-        await asyncio.sleep(0.05)
+        # Enough for low to reach the worker first (a few ms), well inside the long
+        # request's remaining ~70-95 ms (200 tokens of the tiny model on a 2-core
+        # machine): 50 ms here left 20-45 ms, and low sometimes started first.
+        await asyncio.sleep(0.01)
         high = asyncio.create_task(first_token_time(client, -5, 4, started))
         await asyncio.gather(long, low, high)
         return started
