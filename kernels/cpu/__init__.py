@@ -65,6 +65,8 @@ def _module_name(name: str, isa: str) -> str:
 # The weight-only linears build as their own module: a change to them does not
 # rebuild the attention kernels (and the reverse).
 _WEIGHT_ONLY_SOURCES = [Path(__file__).with_name("gemm_weight_only.cpp")]
+# The small-batch linears' prefetch hint for weights read once a step.
+_STREAM_PREFETCH_HEADERS = [Path(__file__).with_name("stream_prefetch.h")]
 
 # FP8 KV cache (--kv-cache-dtype fp8): cache write and attention over e4m3
 # caches, their own module too, so a change to either attention path does not
@@ -172,7 +174,9 @@ def load_cpu_kernels(isa: str | None = None) -> ModuleType | None:
 @cache
 def load_weight_only_kernels(isa: str | None = None) -> ModuleType | None:
     """The weight-only linears (gemm_weight_only.cpp), or None as load_cpu_kernels."""
-    return _load("pagoda_weight_only", _WEIGHT_ONLY_SOURCES, [], isa or env.cpu_isa())
+    return _load(
+        "pagoda_weight_only", _WEIGHT_ONLY_SOURCES, _STREAM_PREFETCH_HEADERS, isa or env.cpu_isa()
+    )
 
 
 @cache
@@ -274,9 +278,8 @@ _GEMV_SOURCES = [Path(__file__).with_name("gemv_bf16.cpp")]
 @cache
 def load_gemv_kernels(isa: str | None = None) -> ModuleType | None:
     """The 1-4 row bf16 linears over packed panels, or None as load_cpu_kernels."""
-    return _load(
-        "pagoda_gemv", _GEMV_SOURCES, [Path(__file__).with_name("vec16.h")], isa or env.cpu_isa()
-    )
+    headers = [Path(__file__).with_name("vec16.h"), *_STREAM_PREFETCH_HEADERS]
+    return _load("pagoda_gemv", _GEMV_SOURCES, headers, isa or env.cpu_isa())
 
 
 # The 1-8 row float32 GEMV over half panels (gemv_f32.cpp), for CPUs without
@@ -287,4 +290,5 @@ _GEMV_F32_SOURCES = [Path(__file__).with_name("gemv_f32.cpp")]
 @cache
 def load_gemv_f32_kernels(isa: str | None = None) -> ModuleType | None:
     """The half-storage float32 GEMV (gemv_f32.cpp), or None as load_cpu_kernels."""
-    return _load("pagoda_gemv_f32", _GEMV_F32_SOURCES, _HALF_PANEL_HEADERS, isa or env.cpu_isa())
+    headers = [*_HALF_PANEL_HEADERS, *_STREAM_PREFETCH_HEADERS]
+    return _load("pagoda_gemv_f32", _GEMV_F32_SOURCES, headers, isa or env.cpu_isa())

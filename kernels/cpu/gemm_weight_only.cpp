@@ -35,6 +35,8 @@
 #include <cstring>
 #include <optional>
 
+#include "stream_prefetch.h"
+
 namespace {
 
 constexpr int kPanel = 32;
@@ -49,18 +51,13 @@ bool supported() {
 }
 
 #ifdef __AVX512BF16__
-// The panel 1 KB ahead. Read once (every row in one block: decode), non-temporal,
-// as gemv_bf16.cpp streams its weights: kept out of L2/L3, the step's weights
-// no longer evict what the kernels between the linears use (SmolLM2-135M
-// quantized at load, one stream, 2 threads of a Zen 5, old/new processes
-// alternated 6 times, 256 tokens: int8 0.91x the step time, fp8 0.96x). Read
-// again by the next row block (more than kMaxRows rows), into the caches.
+// The panel 1 KB ahead. Read once (every row in one block: decode), streamed as
+// gemv_bf16.cpp streams its weights (stream_prefetch.h: non-temporal on AMD,
+// where keeping the step's weights out of L2/L3 measured int8 0.91x and fp8
+// 0.96x the step time on a Zen 5; T0 on Intel). Read again by the next row
+// block (more than kMaxRows rows): into the caches.
 inline void prefetch_ahead(const uint8_t* p, bool once) {
-  const char* ahead = reinterpret_cast<const char*>(p + 1024);
-  if (once)
-    _mm_prefetch(ahead, _MM_HINT_NTA);
-  else
-    _mm_prefetch(ahead, _MM_HINT_T0);
+  prefetch_weight_line(p + 1024, once && stream_weights_nta());
 }
 
 // bf16 bits of e4m3 magnitudes 0..127 (bit 7, the sign, is added apart).

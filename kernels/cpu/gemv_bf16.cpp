@@ -10,12 +10,9 @@
 // * 2-4 panels at once (as many streams, 8-24 independent vdpbf16ps chains),
 // * every line prefetched kAheadBytes ahead in its own stream (the hardware
 //   prefetcher alone stops at page ends and keeps too few lines in flight),
-//   non-temporal: a weight is read once a step, and a one-row step streams all
-//   of them (269 MB for SmolLM2-135M) through the caches, which evicted what
-//   the kernels between the linears use (the KV rows, the interpreter, the
-//   activations). With the lines kept out of L2/L3, one stream on a Zen 5 (2
-//   threads, 256 tokens, 8 alternating rounds): step 0.951x the time; outside
-//   the GEMVs 1.43-1.50 -> 1.15-1.24 ms a token; the GEMVs alone level.
+//   non-temporal on AMD and T0 on Intel (stream_prefetch.h: on a Zen 5 one
+//   stream's step minus the GEMVs went 1.43-1.50 -> 1.15-1.24 ms a token with
+//   NTA; on an AMX Xeon NTA cut the GEMVs' read to a third),
 // * pairs of panels handed out through an atomic counter, so a thread that the
 //   (shared, loaded) host descheduled does not hold the linear up at its end,
 // * the bias widened from bf16 in registers, no allocation but the output.
@@ -40,6 +37,7 @@
 #include <cstring>
 #include <optional>
 
+#include "stream_prefetch.h"
 #include "vec16.h"
 
 namespace {
@@ -57,7 +55,7 @@ inline __m512 widen16(const uint16_t* p) {
 
 // kRows x 32 columns of kPanels panels, over all of K: dst[p] + r * ldd gets row
 // r of panel p's product (+ bias[p], bf16 [32] or null).
-template <int kRows, int kPanels>
+template <int kRows, int kPanels, bool kNta>
 inline void panels_rows(const uint16_t* x, int64_t k, const uint16_t* const* panel,
                         const uint16_t* const* bias, uint16_t* const* dst, int64_t ldd) {
   __m512 acc[kPanels][kRows][2];
@@ -76,8 +74,8 @@ inline void panels_rows(const uint16_t* x, int64_t k, const uint16_t* const* pan
     for (int p = 0; p < kPanels; ++p) {
       const uint16_t* w = panel[p] + kp * 2 * kPanel;  // 128 bytes: two lines
       const char* ahead = reinterpret_cast<const char*>(w) + kAheadBytes;
-      _mm_prefetch(ahead, _MM_HINT_NTA);
-      _mm_prefetch(ahead + 64, _MM_HINT_NTA);
+      prefetch_weight_line(ahead, kNta);
+      prefetch_weight_line(ahead + 64, kNta);
       const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
       const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + kPanel);
       for (int r = 0; r < kRows; ++r) {
@@ -97,11 +95,14 @@ inline void panels_rows(const uint16_t* x, int64_t k, const uint16_t* const* pan
 // At most 24 accumulators (kRows * kPanels <= 12); other pairs never run.
 template <int kPanels>
 void run_rows(int rows, const uint16_t* x, int64_t k, const uint16_t* const* panel, const uint16_t* const* bias,
-              uint16_t* const* dst, int64_t ldd) {
+              uint16_t* const* dst, int64_t ldd, bool nta) {
   switch (rows) {
-#define PAGODA_ROWS(r)                                                      \
-  case r:                                                                   \
-    if constexpr (r * kPanels <= 12) return panels_rows<r, kPanels>(x, k, panel, bias, dst, ldd); \
+#define PAGODA_ROWS(r)                                                          \
+  case r:                                                                       \
+    if constexpr (r * kPanels <= 12) {                                          \
+      if (nta) return panels_rows<r, kPanels, true>(x, k, panel, bias, dst, ldd); \
+      return panels_rows<r, kPanels, false>(x, k, panel, bias, dst, ldd);       \
+    }                                                                           \
     break;
     PAGODA_ROWS(1) PAGODA_ROWS(2) PAGODA_ROWS(3) PAGODA_ROWS(4)
     PAGODA_ROWS(5) PAGODA_ROWS(6)
@@ -121,10 +122,10 @@ void run_rows(int rows, const uint16_t* x, int64_t k, const uint16_t* const* pan
 inline int group_of(int rows) { return rows <= 2 ? 4 : 2; }
 
 void run_group(int group, int rows, const uint16_t* x, int64_t k, const uint16_t* const* panel,
-               const uint16_t* const* bias, uint16_t* const* dst, int64_t ldd) {
-  if (group == 4) return run_rows<4>(rows, x, k, panel, bias, dst, ldd);
-  if (group == 2) return run_rows<2>(rows, x, k, panel, bias, dst, ldd);
-  return run_rows<1>(rows, x, k, panel, bias, dst, ldd);
+               const uint16_t* const* bias, uint16_t* const* dst, int64_t ldd, bool nta) {
+  if (group == 4) return run_rows<4>(rows, x, k, panel, bias, dst, ldd, nta);
+  if (group == 2) return run_rows<2>(rows, x, k, panel, bias, dst, ldd, nta);
+  return run_rows<1>(rows, x, k, panel, bias, dst, ldd, nta);
 }
 #endif
 
@@ -151,6 +152,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& packed, const st
   const auto* bp = has_bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int rows = static_cast<int>(m);
+  const bool nta = stream_weights_nta();
   auto panel_of = [&](int64_t p) { return wp + p * (k / 2) * 2 * kPanel; };
   auto bias_of = [&](int64_t p) { return bp != nullptr ? bp + p * kPanel : nullptr; };
   // Work item i: plainly panels [g i, g i + g) (g = group_of(rows); a short
@@ -170,9 +172,9 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& packed, const st
         for (int j = 0; j < here; ++j)
           pan[j] = panel_of(u0 + j), bi[j] = bias_of(u0 + j), dst[j] = op + (u0 + j) * kPanel;
         if (here == group) {
-          run_group(group, rows, xp, k, pan, bi, dst, n_out);
+          run_group(group, rows, xp, k, pan, bi, dst, n_out, nta);
         } else {
-          for (int j = 0; j < here; ++j) run_group(1, rows, xp, k, pan + j, bi + j, dst + j, n_out);
+          for (int j = 0; j < here; ++j) run_group(1, rows, xp, k, pan + j, bi + j, dst + j, n_out, nta);
         }
         continue;
       }
@@ -183,7 +185,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& packed, const st
         pan[here + j] = panel_of(u0 + j + units), bi[here + j] = bias_of(u0 + j + units);
         dst[here + j] = scratch[j] + kPanel;
       }
-      run_group(2 * here, rows, xp, k, pan, bi, dst, 2 * kPanel);
+      run_group(2 * here, rows, xp, k, pan, bi, dst, 2 * kPanel, nta);
       for (int j = 0; j < here; ++j)
         for (int r = 0; r < rows; ++r)
           for (int c = 0; c < kPanel; c += kLanes) {

@@ -23,12 +23,13 @@
 // 8 rows, 0.77 at 4, 0.91 at 2, level at 1 (9.1 ms: 82-91% of a plain AVX2
 // read of the bf16 bytes, where oneDNN float32 took 24.4 ms).
 // Tried: 2-4 panels at once (as gemv_bf16.cpp does) and T0 prefetch at 1-4 rows:
-// 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5). At 1-4 rows the lines
-// are prefetched non-temporal instead (a weight is read once a step; without
-// the hint the step's weights flushed L2/L3 of what the kernels between the
-// linears use): one stream, emulated AVX2 on a Zen 5, 2 threads, 8 alternating
-// rounds of 256 tokens: step 0.924x the time, the linears alone 6.62 -> 6.11 ms
-// a pass (median). Not measured on an AVX2-only CPU.
+// 1 row 11.2-13.3 ms, 2 rows 12.4-19.1 (vs 9.8, 11.5) on that Zen 5. At 1-4
+// rows the lines are prefetched non-temporal on AMD instead (a weight is read
+// once a step; without the hint the step's weights flushed L2/L3 of what the
+// kernels between the linears use): one stream, emulated AVX2 on a Zen 5, 2
+// threads, 8 alternating rounds of 256 tokens: step 0.924x the time, the
+// linears alone 6.62 -> 6.11 ms a pass (median). On Intel, T0 (stream_prefetch.h:
+// NTA there read at two thirds of T0's rate). Not measured on an AVX2-only CPU.
 // Each column's k steps are summed in U partial sums, added, then the bias:
 // the twin is F.linear(x, weight.float(), bias), equal up to float32 summation
 // order (tests/kernels/test_cpu_gemv_f32.py).
@@ -49,6 +50,7 @@
 #include <immintrin.h>
 
 #include "half_panel.h"
+#include "stream_prefetch.h"
 #endif
 
 namespace {
@@ -89,8 +91,7 @@ inline void panel_rows(const float* x, int64_t k_len, const uint16_t* panel, con
   for (; k + S <= k_len; k += S) {
 #pragma GCC unroll 2
     for (int l = 0; l < S / 2; ++l)  // two k steps = one 64-byte line
-      _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel) + kAheadBytes + 64 * l,
-                   kNta ? _MM_HINT_NTA : _MM_HINT_T0);
+      prefetch_weight_line(reinterpret_cast<const char*>(panel + k * kPanel) + kAheadBytes + 64 * l, kNta);
 #pragma GCC unroll 4
     for (int j = 0; j < S; ++j) step(k + j, j % U);
   }
@@ -142,8 +143,9 @@ void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, 
   const int64_t n = panels * kPanel;
   const float* x = pack_row_groups(x_rows, rows, k_len);
   // 5-8 rows: prefetched into the caches, from which the second row group
-  // re-reads the panel; 1-4 rows: one pass, prefetched non-temporal.
-  const bool two_groups = rows > kRowGroup;
+  // re-reads the panel; 1-4 rows: one pass, prefetched non-temporal on AMD
+  // (stream_prefetch.h; on Intel T0 as 5-8 rows).
+  const bool two_groups = rows > kRowGroup, nta = stream_weights_nta();
   // Contiguous runs of panels, kChunksPerThread per thread, from an atomic
   // counter. One panel per fetch (0.5-1 us of work at one row) ran at 0.6x the
   // static split's speed on 2 threads: the counter's line moving between cores
@@ -162,7 +164,7 @@ void gemv(const float* x_rows, int rows, int64_t k_len, const uint16_t* packed, 
         for (int r0 = 0; r0 < rows; r0 += kRowGroup) {
           const int r = std::min(kRowGroup, rows - r0);
           float* dst = out + r0 * n + p * kPanel;
-          if (two_groups)
+          if (two_groups || !nta)
             run_rows<kBf16, false>(r, x + r0 * k_len, k_len, panel, b, dst, n);
           else
             run_rows<kBf16, true>(r, x + r0 * k_len, k_len, panel, b, dst, n);
