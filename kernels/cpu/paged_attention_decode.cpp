@@ -143,8 +143,11 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
 // call vs one thread's walk: 2 x 64 tokens 1.24x, 2 x 162 0.80x, 2 x 500 0.63x,
 // 2 x 2000 0.56x; but one stream's decode step at 300-500 tokens in the engine
 // (parts of 150-250) was no faster (per-pair median 1.01, 9 pairs), at 600-800
-// 0.98, at 4000 0.87.
-constexpr int64_t kMinPartTokens = 256, kMaxParts = 16;
+// 0.98, at 4000 0.87. Cold (30 layers' caches, bench/decode_attention_ab.py), 2
+// parts from 2 threads against one: a Zen 5 0.97x at 200 tokens, 0.89x at 300
+// (1.16x at 128); an AMX Xeon (family 6 model 167, a core reads 16-22 GB/s)
+// 0.82-0.90x at 324. So from 256 tokens (parts of 128+); 512 before.
+constexpr int64_t kMinPartTokens = 128, kMaxParts = 16;
 
 // First token attended: past a sliding window's start and a cascade's prefix.
 inline int64_t attended_from(int64_t len, int64_t sliding_window, int64_t prefix_len) {
@@ -167,7 +170,7 @@ std::vector<std::tuple<int64_t, int64_t, int64_t>> decode_parts(const int32_t* l
   int64_t total = 0;
   for (int64_t s = 0; s < num_seqs; ++s) total += span_of(s);
   auto parts_of = [&](int64_t span) {
-    const int64_t share = (span * threads + total - 1) / total;  // threads' worth of this sequence
+    const int64_t share = (2 * span * threads + total) / (2 * total);  // threads' worth of this sequence, rounded
     return std::max<int64_t>(1, std::min({kMaxParts, span / kMinPartTokens, share}));
   };
   bool split = false;

@@ -113,17 +113,21 @@ def test_write_kv_cache_rejects_a_slot_outside_the_cache():
     "seq_lens, threads, window, parts",
     [
         ([600], 2, 0, [(0, 0, 300), (0, 300, 600)]),
-        ([511], 2, 0, []),  # two parts would be under 256 tokens each
-        ([512], 2, 0, [(0, 0, 256), (0, 256, 512)]),
-        ([1000], 4, 0, [(0, 0, 333), (0, 333, 666), (0, 666, 1000)]),  # 3 parts of 256+
-        # A long context among short ones: its share of 4 threads is 4, 256+ tokens a part.
-        ([1000, 100], 4, 0, [(0, 0, 333), (0, 333, 666), (0, 666, 1000), (1, 0, 100)]),
+        ([255], 2, 0, []),  # two parts would be under 128 tokens each
+        ([256], 2, 0, [(0, 0, 128), (0, 128, 256)]),
+        # Two near-equal sequences are a thread's share each (rounded, not ceil'd:
+        # the longer one in two parts left three tasks for two threads).
+        ([324, 348], 2, 0, []),
+        ([1000], 4, 0, [(0, 0, 250), (0, 250, 500), (0, 500, 750), (0, 750, 1000)]),
+        ([300], 4, 0, [(0, 0, 150), (0, 150, 300)]),  # 2 parts of 128+
+        # A long context among short ones: its share of 4 threads is 4, 128+ tokens a part.
+        ([1000, 100], 4, 0, [(0, 0, 250), (0, 250, 500), (0, 500, 750), (0, 750, 1000), (1, 0, 100)]),
         ([4000, 100, 100], 2, 0, [(0, 0, 2000), (0, 2000, 4000), (1, 0, 100), (2, 0, 100)]),
         ([600, 600], 2, 0, []),  # a sequence per thread already
         ([2000] + [100] * 7, 2, 0, []),  # 4 sequences per thread: the read-ahead path
         ([1000], 1, 0, []),
         ([1000], 2, 600, [(0, 400, 700), (0, 700, 1000)]),  # the window's tokens only
-        ([1000], 2, 300, []),
+        ([1000], 2, 200, []),
         ([4096], 64, 0, [(0, 256 * i, 256 * (i + 1)) for i in range(16)]),  # 16 at most
     ],
 )
