@@ -118,15 +118,14 @@ void run_block(int rows, const uint16_t* x, int64_t k, const uint16_t* panel, co
 // Rows of a unit's output at once: 12 (vdpbf16ps) or 32 (two AMX tiles).
 constexpr int kScratchRows = 32;
 
-// rows x 32 of out = silu(gate) * up from scratch rows of [gate 32 | up 32], with
-// silu_and_mul's arithmetic (silu_mul_bf16), so fused and unfused agree bit for bit.
-inline void silu_and_mul_rows(const uint16_t* scratch, int rows, uint16_t* out, int64_t ldo) {
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < kPanel; i += kLanes) {
-      const vec16 g = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + i));
-      const vec16 u = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + kPanel + i));
-      store_bf16(out + r * ldo + i, silu_mul_bf16(g, u));
-    }
+// 16 lanes of out = silu(gate) * up from scratch rows of [gate 32 | up 32]:
+// vector v is row v / 2, lanes v % 2 * 16 .., with silu_and_mul's arithmetic
+// (silu_mul_bf16), so fused and unfused agree bit for bit.
+inline void silu_and_mul_vector(const uint16_t* scratch, int v, uint16_t* out, int64_t ldo) {
+  const int r = v / 2, i = v % 2 * kLanes;
+  const vec16 g = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + i));
+  const vec16 u = load(reinterpret_cast<const at::BFloat16*>(scratch + r * 2 * kPanel + kPanel + i));
+  store_bf16(out + r * ldo + i, silu_mul_bf16(g, u));
 }
 
 // A unit's silu(gate) * up, done a few 16-lane vectors at a time inside the
@@ -147,12 +146,7 @@ struct SiluPipe {
 
   // Vectors [done, done + n) of the pending unit.
   void step(int n) {
-    for (const int end = std::min(total, done + n); done < end; ++done) {
-      const int r = done / 2, i = done % 2 * kLanes;
-      const vec16 g = load(reinterpret_cast<const at::BFloat16*>(src + r * 2 * kPanel + i));
-      const vec16 u = load(reinterpret_cast<const at::BFloat16*>(src + r * 2 * kPanel + kPanel + i));
-      store_bf16(out + r * ldo + i, silu_mul_bf16(g, u));
-    }
+    for (const int end = std::min(total, done + n); done < end; ++done) silu_and_mul_vector(src, done, out, ldo);
   }
   void finish() { step(total); }
   // The next unit's products go to scratch[fill] (its gate, then its up).
@@ -357,7 +351,7 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
     alignas(64) uint16_t scratch[kScratchRows * 2 * kPanel];
     block(panel_of(u), bias_of(u), scratch, 2 * kPanel);
     block(panel_of(u + units), bias_of(u + units), scratch + kPanel, 2 * kPanel);
-    silu_and_mul_rows(scratch, rows, op + first * n_out + u * kPanel, n_out);
+    for (int v = 0; v < 2 * rows; ++v) silu_and_mul_vector(scratch, v, op + first * n_out + u * kPanel, n_out);
   };
 #ifdef PAGODA_AMX
   if (k % 32 == 0 && use_amx()) {
