@@ -72,7 +72,7 @@ inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n
   const float inv = inv_rms(h, n, eps);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    store_bits(out + i, bf16_bits(load_bf16(w + i) * widen(bf16_bits(load(h + i) * inv))));
+    store_halves(out + i, bf16_halves(load_bf16(w + i) * widen(bf16_halves(load(h + i) * inv))));
   for (; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
 }
 
@@ -111,8 +111,8 @@ torch::Tensor norm_rows(const torch::Tensor& x, torch::Tensor* residual, const t
       } else {
         uint16_t* res = rp + r * n;
         for (; i + kLanes <= n; i += kLanes) {
-          const uvec16 bits = bf16_bits(load_bf16(xr + i) + load_bf16(res + i));
-          store_bits(res + i, bits);
+          const hvec16 bits = bf16_halves(load_bf16(xr + i) + load_bf16(res + i));
+          store_halves(res + i, bits);
           const vec16 v = widen(bits);
           std::memcpy(h + i, &v, sizeof(v));
         }
@@ -184,9 +184,9 @@ void rotate_head_bf16(uint16_t* x, const uint16_t* c, const uint16_t* s, int64_t
   for (; i + kLanes <= half; i += kLanes) {  // 16 lanes at a time
     const vec16 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
     const vec16 ci = load_bf16(c + i), si = load_bf16(s + i);
-    const auto rounded = [](vec16 v) { return widen(bf16_bits(v)); };
-    store_bits(x + i, bf16_bits(rounded(x1 * ci) - rounded(x2 * si)));
-    store_bits(x + i + half, bf16_bits(rounded(x2 * ci) + rounded(x1 * si)));
+    const auto rounded = [](vec16 v) { return widen(bf16_halves(v)); };
+    store_halves(x + i, bf16_halves(rounded(x1 * ci) - rounded(x2 * si)));
+    store_halves(x + i + half, bf16_halves(rounded(x2 * ci) + rounded(x1 * si)));
   }
   for (; i < half; ++i) {
     const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);

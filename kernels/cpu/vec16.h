@@ -208,6 +208,25 @@ inline uvec16 bf16_bits(vec16 v) {
 // bf16 bits (low halves) back to fp32 lanes.
 inline vec16 widen(uvec16 bits) { return reinterpret_cast<vec16>(bits << 16); }
 
+// bf16 bits of each lane as torch's conversion makes them (ties to even, NaN
+// quieted), 16 bits a lane. With AVX512-BF16 that is vcvtneps2bf16, 2 uops
+// where bf16_bits and the narrowing take about 12, and the norm and RoPE
+// kernels are bound by those ops; the instruction reads a denormal input as
+// zero, so a vector holding one (none in practice) takes bf16_bits instead.
+inline hvec16 bf16_halves(vec16 v) {
+#ifdef __AVX512BF16__
+  const __m512i mag = _mm512_and_si512(reinterpret_cast<__m512i>(v), _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 denormal =
+      _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff));
+  if (__builtin_expect(denormal == 0, 1))
+    return reinterpret_cast<hvec16>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(v)));
+#endif
+  return __builtin_convertvector(bf16_bits(v), hvec16);
+}
+
+inline vec16 widen(hvec16 halves) { return widen(__builtin_convertvector(halves, uvec16)); }
+inline void store_halves(uint16_t* out, hvec16 h) { std::memcpy(out, &h, sizeof(h)); }
+
 inline void store_bits(uint16_t* out, uvec16 bits) {
   const hvec16 h = __builtin_convertvector(bits, hvec16);
   std::memcpy(out, &h, sizeof(h));

@@ -54,6 +54,29 @@ def test_add_rms_norm_equals_twin_and_updates_residual_in_place(norm, monkeypatc
     assert torch.equal(new_residual, expected_residual)
 
 
+def test_denormal_sums_and_products_round_as_the_twin(norm, monkeypatch):
+    """vcvtneps2bf16 (the AVX512-BF16 rounding) reads a denormal float as zero;
+    lanes holding one must round as torch does. Sums of x and residual of about
+    1e-39, and RoPE products of such values, are denormal; the rest are not."""
+    torch.manual_seed(8)
+    tiny = (torch.randn(37, 576) * 1e-39).to(torch.bfloat16)
+    x, residual = tiny.clone(), bf16(37, 576)
+    residual[::2] = (torch.randn(19, 576) * 1e-39).to(torch.bfloat16)
+    expected_out, expected_residual = twin(monkeypatch, lambda: norm(x, residual.clone()))
+    given = residual.clone()
+    out, _ = norm(x, given)
+    assert bool((given[::2].float().abs() < 2**-126).any()), "the case must hold denormal sums"
+    assert torch.equal(out, expected_out) and torch.equal(given, expected_residual)
+    rope = RotaryEmbedding(64, 4096, RopeSpec(theta=10000.0), torch.bfloat16)
+    qkv = torch.cat([tiny, tiny[:, :384]], dim=1)  # [37, 960]
+    positions = torch.randint(0, 4096, (37,))
+    q, k, _ = qkv.clone().split([576, 192, 192], dim=-1)
+    expected_q, expected_k = twin(monkeypatch, lambda: rope(positions, q, k))
+    fq, fk, _ = qkv.clone().split([576, 192, 192], dim=-1)
+    out_q, out_k = rope(positions, fq, fk)
+    assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
+
+
 def test_per_head_norm_of_a_strided_view(monkeypatch):
     # Qwen3's q_norm sees q as a column slice of the fused qkv output.
     torch.manual_seed(1)
