@@ -83,6 +83,23 @@ def test_row_pairs_over_groups_of_panels_equal_one_block_at_a_time_bit_for_bit(s
         _assert_near_float64_product(out, x, weight)
 
 
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("rows", [512, 1000])
+def test_small_weights_split_by_rows_equal_one_block_at_a_time_bit_for_bit(silu, rows):
+    """With AMX a weight within 1.25 MB (here 192 x 576) goes to the threads by
+    rows (8+ blocks per thread), a larger one by units; 1000 rows end in a short
+    block. 16 rows at a time is one block per call. The same k-ordered sums."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(192, 576, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 576, generator=gen).to(torch.bfloat16)
+    packed = kernels.pack_bf16_panels(weight)
+    linear = kernels.bf16_panel_linear_silu if silu else kernels.bf16_panel_linear
+    sliced = torch.cat(
+        [linear(x[i : i + 16].contiguous(), packed, None) for i in range(0, rows, 16)]
+    )
+    assert torch.equal(linear(x, packed, None), sliced)
+
+
 @pytest.mark.parametrize("rows", [13, 36, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_outputs_past_l2_streamed_equal_small_outputs_bit_for_bit(rows, bias):
