@@ -250,7 +250,7 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, int64_t 
   const int64_t nb = static_cast<int64_t>(blocks.size());
   const int64_t chunk = std::max<int64_t>(2, (512 * 1024) / (k * 2 * 16) / 2 * 2);  // blocks, even
   const int64_t group = std::max<int64_t>(1, (1 << 20) / (k * 2 * kPanel * panels_per_unit));
-  // Blocks [b0, b1) (b0 even) against units [u0, u1), on this thread.
+  // Blocks [b0, b1) (b0 even) against units [begin, end), on this thread.
   auto run = [&](int64_t b0, int64_t b1, int64_t begin, int64_t end) {
     SiluPipe pipe;
     with_tiles<true>([&] {
@@ -278,8 +278,9 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, int64_t 
   // instead (each reads half of x and all of the weight, once). SmolLM2 at 4096
   // rows on an AMX Xeon (family 6 model 167), medians of 24 calls in two runs:
   // qkv (1.1 MB) 2.01-2.13 -> 1.62-1.74 ms, o (0.66 MB) 1.02-1.07 -> 0.87; by
-  // rows gate/up (3.5 MB) was 0.96-0.99x and down (1.8 MB) 1.05-1.09x, so those
-  // keep the units.
+  // rows gate/up (3.5 MB) took 0.96-0.99x the time (within the host's noise) and
+  // down (1.8 MB, K = 1536: its weight re-read per chunk) 1.05-1.09x, so weights
+  // past 1.25 MB keep the units.
   const int64_t threads = at::get_num_threads();
   if (units * panels_per_unit * kPanel * k * 2 <= kRowSplitWeightBytes && nb >= 8 * threads) {
     // Even block boundaries, so row pairs stay whole.
