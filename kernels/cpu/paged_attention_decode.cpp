@@ -157,7 +157,7 @@ inline int64_t attended_from(int64_t len, int64_t sliding_window, int64_t prefix
 }  // namespace
 
 // A sequence longer than a thread's share of the step's tokens (one stream; or
-// one long context among a few short ones) in ceil(span x threads / total)
+// one long context among a few short ones) in span x threads / total (rounded)
 // near-equal parts, fewer where a part would fall under kMinPartTokens; parts of
 // one sequence adjacent, in token order, every other sequence one part. Empty
 // when nothing splits, and from 4 sequences per thread, where the read-ahead
@@ -170,7 +170,9 @@ std::vector<std::tuple<int64_t, int64_t, int64_t>> decode_parts(const int32_t* l
   int64_t total = 0;
   for (int64_t s = 0; s < num_seqs; ++s) total += span_of(s);
   auto parts_of = [&](int64_t span) {
-    const int64_t share = (2 * span * threads + total) / (2 * total);  // threads' worth of this sequence, rounded
+    // Threads' worth of this sequence, rounded: ceil'd, of two near-equal
+    // sequences on 2 threads the longer went in two parts (three tasks).
+    const int64_t share = (2 * span * threads + total) / (2 * total);
     return std::max<int64_t>(1, std::min({kMaxParts, span / kMinPartTokens, share}));
   };
   bool split = false;
