@@ -363,16 +363,13 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
   // next unit's products.
   auto unit = [&](int64_t u, int64_t first, int rows, SiluPipe* pipe, auto&& block) {
     if (!silu) return block(panel_of(u), bias_of(u), op + first * n_out + u * kPanel, n_out);
-    if (pipe != nullptr) {
-      uint16_t* scratch = pipe->next();
-      block(panel_of(u), bias_of(u), scratch, 2 * kPanel);
-      block(panel_of(u + units), bias_of(u + units), scratch + kPanel, 2 * kPanel);
-      return pipe->post(rows, op + first * n_out + u * kPanel, n_out, k);
-    }
-    alignas(64) uint16_t scratch[kScratchRows * 2 * kPanel];
+    alignas(64) uint16_t local[kScratchRows * 2 * kPanel];
+    uint16_t* scratch = pipe != nullptr ? pipe->next() : local;
     block(panel_of(u), bias_of(u), scratch, 2 * kPanel);
     block(panel_of(u + units), bias_of(u + units), scratch + kPanel, 2 * kPanel);
-    for (int v = 0; v < 2 * rows; ++v) silu_and_mul_vector(scratch, v, op + first * n_out + u * kPanel, n_out);
+    uint16_t* dst = op + first * n_out + u * kPanel;
+    if (pipe != nullptr) return pipe->post(rows, dst, n_out, k);
+    for (int v = 0; v < 2 * rows; ++v) silu_and_mul_vector(scratch, v, dst, n_out);
   };
 #ifdef PAGODA_AMX
   if (k % 32 == 0 && use_amx()) {
