@@ -17,6 +17,8 @@ streaming weights or KV from DRAM needs a cold-cache benchmark instead:
 `decode-cold` is decode attention over 30 layers' caches in one step (32
 sequences of 32-160 tokens, 71 MB of KV in 2 MiB pages, as the engine keeps it),
 which is what a decode step does to the caches; the times are for all 30 layers.
+Both builds take PAGODA_CPU_ISA's flags: under bench/avx2_env.sh they are the AVX2
+builds (e.g. `prefill-f32` as an AVX2-only CPU runs it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu import _FLAGS, _SOURCES
+from kernels.cpu import _SOURCES, isa_flags
 
 
 def build(folder: Path, name: str):
@@ -38,7 +40,8 @@ def build(folder: Path, name: str):
     # Keyed by the sources' content: ninja rebuilds by mtime, and a `git archive`
     # of an older commit has older mtimes than the objects of the last build in a
     # shared folder, so a reused folder silently kept the previous version.
-    digest = hashlib.sha256()
+    flags = isa_flags()  # PAGODA_CPU_ISA's: under bench/avx2_env.sh, the AVX2 build
+    digest = hashlib.sha256(" ".join(flags).encode())
     for path in sorted(folder.glob("*.[ch]*")):
         digest.update(path.name.encode() + path.read_bytes())
     out = Path("/tmp") / f"pagoda_kernel_ab_{name}_{digest.hexdigest()[:12]}"
@@ -47,7 +50,7 @@ def build(folder: Path, name: str):
     return load(
         name=name,
         sources=sources,
-        extra_cflags=_FLAGS,
+        extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         build_directory=str(out),
         verbose=False,

@@ -59,12 +59,12 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
   std::lock_guard<std::mutex> lock(scratch_mutex);
   if (q_rows.size() < static_cast<size_t>(num_kv_heads * rows * d)) q_rows.resize(num_kv_heads * rows * d);
   gather_group_rows(query.data_ptr<float>(), query.stride(0), qrows, num_seqs, num_heads, num_kv_heads, d, q_rows.data());
-  const int64_t tiles = (rows + kNativeLanes - 1) / kNativeLanes;
+  const int64_t tiles = (rows + kF32TileRows - 1) / kF32TileRows;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t n = next++; n < num_kv_heads * tiles; n = next++) {
-      const int64_t h = n / tiles, first = h * rows + (n % tiles) * kNativeLanes;
-      const int count = static_cast<int>(std::min<int64_t>(kNativeLanes, (h + 1) * rows - first));
+      const int64_t h = n / tiles, first = h * rows + (n % tiles) * kF32TileRows;
+      const int count = static_cast<int>(std::min<int64_t>(kF32TileRows, (h + 1) * rows - first));
       const F32Context ctx{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), table, prefix_len, h,
                            key_cache.size(1), num_kv_heads, d};
       attend_tile_f32(q_rows.data() + first * d, d, count, prefix_len - 1, 0, ctx, scale, 0, o + first * d, d,

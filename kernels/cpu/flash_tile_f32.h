@@ -1,9 +1,9 @@
 // The float32 flash tile: the prefill kernel's and the cascade prefix kernel's
 // tile (flash_tile.h) for float32 caches, on any x86 build (AVX-512, AVX2, plain).
 //
-// A tile is kNativeLanes query rows of one head (16 with AVX-512, 8 with AVX2):
-// one native vector holds one key's scores for all of them, so the online
-// softmax is lane-wise, as in the bf16 tile. K and V rows are read in place from
+// A tile is kF32TileRows (16) query rows of one head: one native vector (AVX-512)
+// or two (AVX2) hold one key's scores for all of them, so the online softmax is
+// lane-wise, as in the bf16 tile. K and V rows are read in place from
 // the paged cache (no packing: float32 rows are already what the FMAs take), 16
 // keys per softmax step. Masked keys (causal edge, sliding window, the padding
 // past the context) only occur in the chunks at a tile's edges; those are
@@ -33,24 +33,38 @@ struct F32Context {
   int64_t len, kv_head, block_size, num_kv_heads, head_dim;
 };
 
-// Up to kNativeLanes query rows of one head, row i at position first_pos + i *
+// Query rows per tile: kF32Vecs native vectors per key (2 with AVX2's 8 lanes,
+// 1 with AVX-512's 16). With 8 rows a tile, each key or value element broadcast
+// from the cache fed one FMA, a load per FMA; with two vectors of rows it feeds
+// two (AVX2 on a Zen 4, bench/kernel_ab.py prefill-f32: see ARCHITECTURE).
+constexpr int kF32TileRows = 16;
+constexpr int kF32Vecs = kF32TileRows / kNativeLanes;
+static_assert(kF32Vecs >= 1 && kF32Vecs * kNativeLanes == kF32TileRows);
+
+// Up to kF32TileRows query rows of one head, row i at position first_pos + i *
 // row_step (0: all at one position, as over a cascade's prefix); out rows
-// normalised, and with `lse` each row's log-sum-exp of scaled scores.
+// normalised, and with `lse` each row's log-sum-exp of scaled scores. Row i is
+// lane i % kNativeLanes of vector i / kNativeLanes.
 void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
                      const F32Context& ctx, float scale, int64_t window, float* out, int64_t out_stride,
                      float* lse = nullptr) {
-  constexpr int W = kNativeLanes;
+  constexpr int W = kNativeLanes, V = kF32Vecs;
+  // Keys per score pass and dims per P V pass: 8 independent FMA chains (two
+  // FMA units x 4 cycles of latency), V of them per key or dim.
+  constexpr int kKeyGroup = 8 / V, kDimGroup = 8 / V;
   const int64_t d = ctx.head_dim;
   alignas(64) static thread_local float zero_row[kF32MaxDim];  // padding keys read this
-  vnative qt[kF32MaxDim];  // Q^T: one vector per dim, scaled
-  vnative ot[kF32MaxDim];  // O^T
-  for (int64_t e = 0; e < d; ++e) {
-    float lanes[W] = {};
-    for (int n = 0; n < rows; ++n) lanes[n] = q[n * q_stride + e] * scale;
-    std::memcpy(&qt[e], lanes, sizeof(lanes));
-    ot[e] = vnative{};
-  }
-  vnative m = vnative{} + kMaskedScore, l = vnative{};
+  vnative qt[kF32MaxDim][V];  // Q^T: V vectors of rows per dim, scaled
+  vnative ot[kF32MaxDim][V];  // O^T
+  for (int64_t e = 0; e < d; ++e)
+    for (int h = 0; h < V; ++h) {
+      float lanes[W] = {};
+      for (int n = 0; n < W && h * W + n < rows; ++n) lanes[n] = q[(h * W + n) * q_stride + e] * scale;
+      std::memcpy(&qt[e][h], lanes, sizeof(lanes));
+      ot[e][h] = vnative{};
+    }
+  vnative m[V], l[V];
+  for (int h = 0; h < V; ++h) m[h] = vnative{} + kMaskedScore, l[h] = vnative{};
   const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
   for (int64_t k0 = lo / kF32Keys * kF32Keys; k0 <= last_pos; k0 += kF32Keys) {
@@ -68,71 +82,77 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       krow[j] = real ? ctx.k_cache + at : zero_row;
       vrow[j] = real ? ctx.v_cache + at : zero_row;
     }
-    // Scores, 8 keys at a time against each dim's query vector: 8 independent
-    // FMA chains (two FMA units x 4 cycles of latency), where 4 left half of
-    // an AVX2 core's FMA slots empty (the tile ran at ~40% of the float32 peak
-    // on a Zen 3: bench/kernel_ab.py prefill-f32).
-    vnative x[kF32Keys];
-    for (int j0 = 0; j0 < kF32Keys; j0 += 8) {
-      vnative a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
-      const float *k0r = krow[j0], *k1r = krow[j0 + 1], *k2r = krow[j0 + 2], *k3r = krow[j0 + 3];
-      const float *k4r = krow[j0 + 4], *k5r = krow[j0 + 5], *k6r = krow[j0 + 6], *k7r = krow[j0 + 7];
+    // Scores: each key element broadcast once against the V query vectors of
+    // its dim (4 keys at a time with AVX2, 8 with AVX-512; fewer left half of
+    // an AVX2 core's FMA slots empty, ~40% of the float32 peak on a Zen 3).
+    vnative x[kF32Keys][V];
+    for (int j0 = 0; j0 < kF32Keys; j0 += kKeyGroup) {
+      vnative a[kKeyGroup][V] = {};
       for (int64_t e = 0; e < d; ++e) {
-        const vnative qv = qt[e];
-        a0 += k0r[e] * qv;
-        a1 += k1r[e] * qv;
-        a2 += k2r[e] * qv;
-        a3 += k3r[e] * qv;
-        a4 += k4r[e] * qv;
-        a5 += k5r[e] * qv;
-        a6 += k6r[e] * qv;
-        a7 += k7r[e] * qv;
+#pragma GCC unroll 8
+        for (int jj = 0; jj < kKeyGroup; ++jj) {
+          const float kv = krow[j0 + jj][e];
+#pragma GCC unroll 2
+          for (int h = 0; h < V; ++h) a[jj][h] += kv * qt[e][h];
+        }
       }
-      x[j0] = a0, x[j0 + 1] = a1, x[j0 + 2] = a2, x[j0 + 3] = a3;
-      x[j0 + 4] = a4, x[j0 + 5] = a5, x[j0 + 6] = a6, x[j0 + 7] = a7;
+      for (int jj = 0; jj < kKeyGroup; ++jj)
+        for (int h = 0; h < V; ++h) x[j0 + jj][h] = a[jj][h];
     }
     const bool masked = k0 + kF32Keys - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
-    bool drop[kF32Keys][W];
+    bool drop[kF32Keys][kF32TileRows];
     if (masked)
       for (int j = 0; j < kF32Keys; ++j)
-        for (int n = 0; n < W; ++n) {
+        for (int n = 0; n < kF32TileRows; ++n) {
           const int64_t kp = k0 + j, qp = first_pos + static_cast<int64_t>(n) * row_step;
           drop[j][n] = kp > qp || (window > 0 && qp - kp >= window);
-          if (drop[j][n]) x[j][n] = kMaskedScore;
+          if (drop[j][n]) x[j][n / W][n % W] = kMaskedScore;
         }
-    vnative mx = m;
-    for (int j = 0; j < kF32Keys; ++j) mx = vmax(mx, x[j]);
-    const vnative alpha = exp_native(m - mx);
-    m = mx;
-    vnative p[kF32Keys];
-    vnative sum{};
-    for (int j = 0; j < kF32Keys; ++j) {
-      p[j] = exp_native(x[j] - mx);
-      if (masked)
-        for (int n = 0; n < W; ++n)
-          if (drop[j][n]) p[j][n] = 0.f;
-      sum += p[j];
-    }
-    l = l * alpha + sum;
-    // O^T = alpha O^T + V^T P^T, 8 dims at a time over the 16 keys.
-    for (int64_t e0 = 0; e0 < d; e0 += 8) {
-      vnative acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = ot[e0 + i] * alpha;
+    vnative alpha[V], p[kF32Keys][V];
+    for (int h = 0; h < V; ++h) {
+      vnative mx = m[h];
+      for (int j = 0; j < kF32Keys; ++j) mx = vmax(mx, x[j][h]);
+      alpha[h] = exp_native(m[h] - mx);
+      m[h] = mx;
+      vnative sum{};
       for (int j = 0; j < kF32Keys; ++j) {
-        const vnative pj = p[j];
-        const float* v = vrow[j] + e0;
-        for (int i = 0; i < 8; ++i) acc[i] += v[i] * pj;
+        p[j][h] = exp_native(x[j][h] - mx);
+        if (masked)
+          for (int n = 0; n < W; ++n)
+            if (drop[j][h * W + n]) p[j][h][n] = 0.f;
+        sum += p[j][h];
       }
-      for (int i = 0; i < 8; ++i) ot[e0 + i] = acc[i];
+      l[h] = l[h] * alpha[h] + sum;
+    }
+    // O^T = alpha O^T + V^T P^T, kDimGroup dims at a time over the 16 keys:
+    // each value element broadcast once against the V vectors of P.
+    for (int64_t e0 = 0; e0 < d; e0 += kDimGroup) {
+      vnative acc[kDimGroup][V];
+      for (int i = 0; i < kDimGroup; ++i)
+        for (int h = 0; h < V; ++h) acc[i][h] = ot[e0 + i][h] * alpha[h];
+      for (int j = 0; j < kF32Keys; ++j) {
+        const float* v = vrow[j] + e0;
+#pragma GCC unroll 8
+        for (int i = 0; i < kDimGroup; ++i) {
+          const float vi = v[i];
+#pragma GCC unroll 2
+          for (int h = 0; h < V; ++h) acc[i][h] += vi * p[j][h];
+        }
+      }
+      for (int i = 0; i < kDimGroup; ++i)
+        for (int h = 0; h < V; ++h) ot[e0 + i][h] = acc[i][h];
     }
   }
-  float inv[W], mm[W], ll[W];
-  std::memcpy(mm, &m, sizeof(mm));
-  std::memcpy(ll, &l, sizeof(ll));
-  for (int n = 0; n < W; ++n) inv[n] = 1.f / ll[n];
-  for (int n = 0; n < rows; ++n) {
-    for (int64_t e = 0; e < d; ++e) out[n * out_stride + e] = ot[e][n] * inv[n];
-    if (lse != nullptr) lse[n] = mm[n] + std::log(ll[n]);
+  for (int h = 0; h < V; ++h) {
+    float inv[W], mm[W], ll[W];
+    std::memcpy(mm, &m[h], sizeof(mm));
+    std::memcpy(ll, &l[h], sizeof(ll));
+    for (int n = 0; n < W; ++n) inv[n] = 1.f / ll[n];
+    for (int n = 0; n < W && h * W + n < rows; ++n) {
+      const int r = h * W + n;
+      for (int64_t e = 0; e < d; ++e) out[r * out_stride + e] = ot[e][h][n] * inv[n];
+      if (lse != nullptr) lse[r] = mm[n] + std::log(ll[n]);
+    }
   }
 }
 

@@ -72,10 +72,10 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
                            block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1), lens[it.seq],
                            it.head / group, key_cache.size(1), num_kv_heads, d};
       const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
-      for (int64_t t = 0; t < it.rows; t += kNativeLanes) {
+      for (int64_t t = 0; t < it.rows; t += kF32TileRows) {
         const int64_t row = it.first_row + t;
         attend_tile_f32(q + row * q_stride + it.head * d, q_stride,
-                        static_cast<int>(std::min<int64_t>(kNativeLanes, it.rows - t)), first_pos + t, 1, ctx,
+                        static_cast<int>(std::min<int64_t>(kF32TileRows, it.rows - t)), first_pos + t, 1, ctx,
                         scale, window, o + row * row_stride + it.head * d, row_stride);
       }
     }

@@ -50,8 +50,9 @@ def test_a_cpu_without_avx2_does_not_load_the_avx2_build(monkeypatch):
 
 # The float32 kernel tests (flash prefill tiles, cascade prefix, fused
 # elementwise, decode attention, half-storage linears) rerun against the AVX2
-# build: every 8-lane PAGODA_AVX2_HALVES branch of vec16.h and the 8-row flash
-# tile. Slow: the AVX2 build of the main module takes minutes on a first run.
+# build: every 8-lane PAGODA_AVX2_HALVES branch of vec16.h and the flash tile's
+# rows in two 8-lane vectors. Slow: the AVX2 build of the main module takes
+# minutes on a first run.
 F32_TESTS = [
     "tests/kernels/test_cpu_elementwise.py",
     "tests/kernels/test_cpu_paged_attention_prefill.py",
