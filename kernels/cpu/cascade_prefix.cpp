@@ -124,7 +124,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
                     q_rows.data());
   const auto* kc = reinterpret_cast<const uint16_t*>(key_cache.data_ptr());
   const auto* vc = reinterpret_cast<const uint16_t*>(value_cache.data_ptr());
-  // Items: (kv head, 16 rows), all the same length, split into one contiguous
+  // Items: (kv head, 16 or 32 rows: tile_rows), all the same length, split into one contiguous
   // run per thread. Each thread packs the KV heads its run meets into its own
   // buffer and reads them from its own L2. One shared packed copy, packed by
   // (head, chunk) across threads and then read by whichever thread took a tile,
@@ -132,12 +132,13 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   // took them back): on a Zen 4 under KVM, 32 rows x 9 heads over a 512-token
   // prefix cost 144 us per layer, and 235 while the two vCPUs sat far apart on
   // the host, of which the packing alone was 27 and 103 us.
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows, items = num_kv_heads * tiles;
+  const bool amx = use_amx();
+  const int64_t tile = tile_rows(amx, 0);
+  const int64_t tiles = (rows + tile - 1) / tile, items = num_kv_heads * tiles;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  const bool amx = use_amx();
   const int32_t* table = prefix_table.data_ptr<int32_t>();
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<uint16_t> k_own, v_own;  // one KV head's packed prefix
@@ -150,14 +151,14 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
       for (int64_t t = t0; t < t1; ++t) {
         int64_t packed = -1;  // the KV head in k_own / v_own
         for (int64_t n = items * t / threads; n < items * (t + 1) / threads; ++n) {
-          const int64_t h = n / tiles, first = h * rows + (n % tiles) * kTileRows;
+          const int64_t h = n / tiles, first = h * rows + (n % tiles) * tile;
           if (h != packed) {
             pack_context(kc, vc, table, prefix_len, h, lay, k_own.data(), v_own.data());
             packed = h;
           }
-          const int count = static_cast<int>(std::min<int64_t>(kTileRows, (h + 1) * rows - first));
+          const int count = static_cast<int>(std::min<int64_t>(tile, (h + 1) * rows - first));
           // Every row at position prefix_len - 1: all prefix keys, none of the padding.
-          attend_tile<kAmx, float>(q_rows.data() + first * d, d, count, prefix_len - 1, 0, k_own.data(),
+          attend_rows<kAmx, float>(q_rows.data() + first * d, d, count, prefix_len - 1, 0, k_own.data(),
                                    v_own.data(), lay, fscale, 0, o + first * d, d, l + first);
         }
       }

@@ -248,25 +248,64 @@ inline void values_avx512(const uint16_t* vc, const uint32_t* pt, int64_t d, __m
   }
 }
 
-// One tile of up to 16 query rows of one head, row i at position
-// first_pos + i * row_step (row_step 0: every row sees the same keys, as the
-// decode rows over a cascade's shared prefix do).
-// Scores are computed transposed, S^T = K Q^T, so one register holds one key's
-// scores for all 16 queries: the softmax's max and sum are lane-wise, with no
-// horizontal reductions, and O^T = V^T P^T is rescaled lane-wise too.
-// OutT: uint16_t writes bf16 rows; float writes fp32 rows, and with `lse` each
-// row's log-sum-exp of scaled scores (lse[i]), for merging with another part.
-template <bool kAmx, typename OutT>
-void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
-                 const uint16_t* k_packed, const uint16_t* v_packed, const Layout& lay, float scale,
-                 int64_t window, OutT* out, int64_t out_stride, float* lse = nullptr) {
-  const int64_t d = lay.head_dim;
-  alignas(64) uint32_t qt[256 / 32 * 256];  // Q^T as B tiles: [dim chunk][16 dim pairs][16 queries]
-  alignas(64) float st[kChunk * kTileRows];  // S^T: [32 keys][16 queries]
-  alignas(64) uint32_t pt[kChunk / 2 * kTileRows];  // P^T as a B tile: [16 key pairs][16 queries]
-  alignas(64) float ot[256 * kTileRows];  // O^T
-  // Q^T, 16 dim pairs at a time: 16 query rows of 16 pair words, transposed in
-  // registers (a word at a time this was 5% of the tile's time on a Zen 5).
+// The pair path without AMX (attend_tile_pair): two tiles' S^T for one chunk,
+// 8 keys at a time in 2 x 8 accumulators, so each key pair broadcast from the
+// packed context feeds both tiles' queries; the same sums in the same order as
+// scores_avx512, per tile.
+inline void scores_avx512_pair(const uint32_t* qt0, const uint32_t* qt1, const uint16_t* kc, int64_t d, float* st0,
+                               float* st1) {
+  const int64_t pairs = d / 2;
+  for (int j0 = 0; j0 < kChunk; j0 += 8) {
+    const auto* k32 = reinterpret_cast<const uint32_t*>(kc + j0 * d);
+    __m512 a0[8], a1[8];
+    for (int i = 0; i < 8; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < pairs; ++r) {
+      const __m512bh q0 = (__m512bh)_mm512_load_si512(qt0 + r * kTileRows);
+      const __m512bh q1 = (__m512bh)_mm512_load_si512(qt1 + r * kTileRows);
+      for (int i = 0; i < 8; ++i) {
+        const __m512bh k = bf16_pair(k32 + i * pairs + r);
+        a0[i] = _mm512_dpbf16_ps(a0[i], k, q0);
+        a1[i] = _mm512_dpbf16_ps(a1[i], k, q1);
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_store_ps(st0 + (j0 + i) * kTileRows, a0[i]);
+      _mm512_store_ps(st1 + (j0 + i) * kTileRows, a1[i]);
+    }
+  }
+}
+
+// values_avx512 for two tiles: each value pair broadcast once for both tiles'
+// P^T rows (loaded per key pair: 16 + 3 registers instead of 16 of P^T).
+inline void values_avx512_pair(const uint16_t* vc, const uint32_t* pt0, const uint32_t* pt1, int64_t d,
+                               __m512 alpha0, __m512 alpha1, float* ot0, float* ot1) {
+  const auto* v32 = reinterpret_cast<const uint32_t*>(vc);
+  for (int64_t e0 = 0; e0 < d; e0 += 8) {
+    __m512 a0[8], a1[8];
+    for (int i = 0; i < 8; ++i) {
+      a0[i] = _mm512_mul_ps(_mm512_load_ps(ot0 + (e0 + i) * kTileRows), alpha0);
+      a1[i] = _mm512_mul_ps(_mm512_load_ps(ot1 + (e0 + i) * kTileRows), alpha1);
+    }
+    for (int j = 0; j < kChunk / 2; ++j) {
+      const __m512bh p0 = (__m512bh)_mm512_load_si512(pt0 + j * kTileRows);
+      const __m512bh p1 = (__m512bh)_mm512_load_si512(pt1 + j * kTileRows);
+      for (int i = 0; i < 8; ++i) {
+        const __m512bh v = bf16_pair(v32 + (e0 + i) * (kChunk / 2) + j);
+        a0[i] = _mm512_dpbf16_ps(a0[i], v, p0);
+        a1[i] = _mm512_dpbf16_ps(a1[i], v, p1);
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_store_ps(ot0 + (e0 + i) * kTileRows, a0[i]);
+      _mm512_store_ps(ot1 + (e0 + i) * kTileRows, a1[i]);
+    }
+  }
+}
+
+// Q^T of up to 16 query rows as B tiles, [dim chunk][16 dim pairs][16 queries]:
+// 16 rows of 16 pair words at a time, transposed in registers (a word at a
+// time this was 5% of the tile's time on a Zen 5).
+inline void load_qt(const uint16_t* q, int64_t q_stride, int rows, int64_t d, uint32_t* qt) {
   for (int64_t r0 = 0; r0 < d / 2; r0 += 16) {
     __m512i t[kTileRows];
     for (int n = 0; n < kTileRows; ++n)
@@ -274,36 +313,29 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     transpose_16x16_words(t);
     for (int i = 0; i < 16; ++i) _mm512_store_si512(qt + (r0 + i) * kTileRows, t[i]);
   }
-#ifdef PAGODA_AMX
-  const bool resident = kAmx && d == 64;
-  if (resident) zero_tiles_4_7();  // ot is written only from the tiles then
-  else
-#else
-  constexpr bool resident = false;
-#endif
-    std::fill(ot, ot + d * kTileRows, 0.f);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 zero = _mm512_setzero_ps();
-  __m512 m = neg_inf, l = zero;  // per query, in log2 units
-  const __m512i q_pos = _mm512_add_epi32(
-      _mm512_set1_epi32(static_cast<int32_t>(first_pos)),
-      _mm512_mullo_epi32(_mm512_set1_epi32(row_step),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
-  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
-  const __m512i pair_words = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-  for (int64_t ch = lo / kChunk; ch <= last_pos / kChunk; ++ch) {
-    const uint16_t* kc = k_packed + ch * lay.chunk_elems;
-#ifdef PAGODA_AMX
-    if constexpr (kAmx) scores_amx(qt, kc, d, st);
-    else
-#endif
-      scores_avx512(qt, kc, d, st);
-    const int64_t k0 = ch * kChunk;
-    // Only chunks crossing a row's causal edge or window start need a mask.
-    const bool masked = k0 + kChunk - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
+}
+
+// One tile's online softmax: m (its shift) and l per query, in log2 units.
+struct TileSoftmax {
+  __m512 m, l;
+  __m512i q_pos;  // each query's position
+  TileSoftmax(int64_t first_pos, int row_step)
+      : m(_mm512_set1_ps(-std::numeric_limits<float>::infinity())),
+        l(_mm512_setzero_ps()),
+        q_pos(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first_pos)),
+                               _mm512_mullo_epi32(_mm512_set1_epi32(row_step),
+                                                  _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                    14, 15)))) {}
+
+  // A chunk's scores st [32 keys][16 queries] (keys from k0) -> P^T as a B tile
+  // (pt) and l updated; returns alpha, the factor O^T takes first. `shifted`
+  // says whether m moved (with `lazy`, only past kLazyRescale).
+  __m512 chunk(const float* st, int64_t k0, bool masked, int64_t window, __m512 c, bool lazy, uint32_t* pt,
+               bool& shifted) {
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i pair_words = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     // Raw scores: scale > 0, so max(s c) = c max(s), and each p = 2^(s c - base)
     // takes one FMA for the scaling and the shift.
     __m512 x[kChunk];
@@ -320,22 +352,18 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
       smax = _mm512_max_ps(smax, x[j]);
     }
     __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(smax, c));
-    // Resident: keep the old shift unless some query's max passed it by more
-    // than kLazyRescale (m = -inf and a first key count as passing).
-    const bool shift = !resident || _mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)),
-                                                       _CMP_GT_OQ) != 0;
-    if (!shift) mx = m;
+    // Lazy: keep the old shift unless some query's max passed it by more than
+    // kLazyRescale (m = -inf and a first key count as passing).
+    shifted = !lazy || _mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)), _CMP_GT_OQ) != 0;
+    if (!shifted) mx = m;
     // A query with no key yet keeps m = -inf: shift by 0 so nothing becomes NaN.
     const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
     const __m512 base = _mm512_mask_blend_ps(none, mx, zero);
     // Unshifted, alpha is exactly 1: the polynomial's 2^0 is 1 + 1 ulp, and the
     // resident O^T is not multiplied by it.
-    const __m512 alpha = !shift ? _mm512_set1_ps(1.f)
-                                : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
-                                                      exp2_nonpositive<true>(_mm512_sub_ps(m, base)));
-#ifdef PAGODA_AMX
-    if (resident && shift) rescale_resident(alpha, ot);
-#endif
+    const __m512 alpha = !shifted ? _mm512_set1_ps(1.f)
+                                  : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
+                                                        exp2_nonpositive<true>(_mm512_sub_ps(m, base)));
     m = mx;
     __m512 sum = zero;
     for (int j = 0; j < kChunk; j += 2) {
@@ -356,6 +384,83 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
       _mm512_store_si512(pt + (j / 2) * kTileRows, _mm512_permutexvar_epi16(pair_words, both));
     }
     l = _mm512_fmadd_ps(l, alpha, sum);
+    return alpha;
+  }
+
+  // O = (O^T / l)^T for `rows` queries, 16 dims at a time through the register
+  // transpose; with `lse` each row's log-sum-exp of scaled scores.
+  template <typename OutT>
+  void finish(const float* ot, int rows, int64_t d, OutT* out, int64_t out_stride, float* lse) const {
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
+    for (int64_t e0 = 0; e0 < d; e0 += kLanes) {
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i)
+        t[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), inv));
+      transpose_16x16_words(t);  // t[n] lane i: dim e0 + i of query n
+      for (int n = 0; n < rows; ++n) {
+        vec16 v;
+        std::memcpy(&v, &t[n], sizeof(v));
+        if constexpr (std::is_same_v<OutT, float>)
+          std::memcpy(out + n * out_stride + e0, &v, sizeof(v));
+        else
+          store_bf16(out + n * out_stride + e0, v);
+      }
+    }
+    if (lse != nullptr) {
+      // sum_j e^(scale s_j) = 2^m l, m in log2 units.
+      alignas(64) float mm[kTileRows], ll[kTileRows];
+      _mm512_store_ps(mm, m);
+      _mm512_store_ps(ll, l);
+      for (int i = 0; i < rows; ++i) lse[i] = (mm[i] + std::log2(ll[i])) * 0.69314718055994531f;
+    }
+  }
+};
+
+// One tile of up to 16 query rows of one head, row i at position
+// first_pos + i * row_step (row_step 0: every row sees the same keys, as the
+// decode rows over a cascade's shared prefix do).
+// Scores are computed transposed, S^T = K Q^T, so one register holds one key's
+// scores for all 16 queries: the softmax's max and sum are lane-wise, with no
+// horizontal reductions, and O^T = V^T P^T is rescaled lane-wise too.
+// OutT: uint16_t writes bf16 rows; float writes fp32 rows, and with `lse` each
+// row's log-sum-exp of scaled scores (lse[i]), for merging with another part.
+template <bool kAmx, typename OutT>
+void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
+                 const uint16_t* k_packed, const uint16_t* v_packed, const Layout& lay, float scale,
+                 int64_t window, OutT* out, int64_t out_stride, float* lse = nullptr) {
+  const int64_t d = lay.head_dim;
+  alignas(64) uint32_t qt[256 / 32 * 256];  // Q^T as B tiles: [dim chunk][16 dim pairs][16 queries]
+  alignas(64) float st[kChunk * kTileRows];  // S^T: [32 keys][16 queries]
+  alignas(64) uint32_t pt[kChunk / 2 * kTileRows];  // P^T as a B tile: [16 key pairs][16 queries]
+  alignas(64) float ot[256 * kTileRows];  // O^T
+  load_qt(q, q_stride, rows, d, qt);
+#ifdef PAGODA_AMX
+  const bool resident = kAmx && d == 64;
+  if (resident) zero_tiles_4_7();  // ot is written only from the tiles then
+  else
+#else
+  constexpr bool resident = false;
+#endif
+    std::fill(ot, ot + d * kTileRows, 0.f);
+  TileSoftmax sm(first_pos, row_step);
+  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+  const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  for (int64_t ch = lo / kChunk; ch <= last_pos / kChunk; ++ch) {
+    const uint16_t* kc = k_packed + ch * lay.chunk_elems;
+#ifdef PAGODA_AMX
+    if constexpr (kAmx) scores_amx(qt, kc, d, st);
+    else
+#endif
+      scores_avx512(qt, kc, d, st);
+    const int64_t k0 = ch * kChunk;
+    // Only chunks crossing a row's causal edge or window start need a mask.
+    const bool masked = k0 + kChunk - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
+    bool shifted;
+    const __m512 alpha = sm.chunk(st, k0, masked, window, c, resident, pt, shifted);
+#ifdef PAGODA_AMX
+    if (resident && shifted) rescale_resident(alpha, ot);
+#endif
     const uint16_t* vc = v_packed + ch * lay.chunk_elems;
 #ifdef PAGODA_AMX
     if (resident) values_amx_resident(vc, pt);
@@ -367,29 +472,71 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
 #ifdef PAGODA_AMX
   if (resident) store_tiles_4_7(ot);
 #endif
-  // O = (O^T / l)^T, 16 dims at a time through the register transpose.
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
-  for (int64_t e0 = 0; e0 < d; e0 += kLanes) {
-    __m512i t[16];
-    for (int i = 0; i < 16; ++i)
-      t[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(ot + (e0 + i) * kTileRows), inv));
-    transpose_16x16_words(t);  // t[n] lane i: dim e0 + i of query n
-    for (int n = 0; n < rows; ++n) {
-      vec16 v;
-      std::memcpy(&v, &t[n], sizeof(v));
-      if constexpr (std::is_same_v<OutT, float>)
-        std::memcpy(out + n * out_stride + e0, &v, sizeof(v));
-      else
-        store_bf16(out + n * out_stride + e0, v);
-    }
+  sm.finish(ot, rows, d, out, out_stride, lse);
+}
+
+// Rows a call of attend_rows takes at once: two tiles on the AVX512-BF16 path
+// without a window (attend_tile_pair), one otherwise.
+inline int tile_rows(bool amx, int64_t window) { return !amx && window <= 0 ? 2 * kTileRows : kTileRows; }
+
+// Two tiles (17-32 rows, no window) without AMX: both tiles' products in one
+// pass over each chunk's K and V (scores_avx512_pair, values_avx512_pair), each
+// broadcast pair feeding two vdpbf16ps instead of one; the tiles' softmax,
+// masking and output are attend_tile's, and a chunk past the first tile's last
+// row (all masked for it) takes the second tile alone, so each tile's result is
+// attend_tile's bit for bit.
+template <typename OutT>
+void attend_tile_pair(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
+                      const uint16_t* k_packed, const uint16_t* v_packed, const Layout& lay, float scale,
+                      OutT* out, int64_t out_stride, float* lse = nullptr) {
+  const int64_t d = lay.head_dim;
+  alignas(64) uint32_t qt[2][256 / 32 * 256];
+  alignas(64) float st[2][kChunk * kTileRows];
+  alignas(64) uint32_t pt[2][kChunk / 2 * kTileRows];
+  alignas(64) float ot[2][256 * kTileRows];
+  const int n1 = rows - kTileRows;  // rows of the second tile
+  const int64_t first1 = first_pos + static_cast<int64_t>(kTileRows) * row_step;
+  load_qt(q, q_stride, kTileRows, d, qt[0]);
+  load_qt(q + kTileRows * q_stride, q_stride, n1, d, qt[1]);
+  std::fill(ot[0], ot[0] + d * kTileRows, 0.f);
+  std::fill(ot[1], ot[1] + d * kTileRows, 0.f);
+  TileSoftmax sm[2] = {TileSoftmax(first_pos, row_step), TileSoftmax(first1, row_step)};
+  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+  const int64_t last0 = first_pos + static_cast<int64_t>(kTileRows - 1) * row_step;
+  const int64_t last1 = first1 + static_cast<int64_t>(n1 - 1) * row_step;
+  for (int64_t ch = 0; ch <= last1 / kChunk; ++ch) {
+    const uint16_t* kc = k_packed + ch * lay.chunk_elems;
+    const uint16_t* vc = v_packed + ch * lay.chunk_elems;
+    const int64_t k0 = ch * kChunk;
+    const bool both = ch <= last0 / kChunk;
+    if (both)
+      scores_avx512_pair(qt[0], qt[1], kc, d, st[0], st[1]);
+    else
+      scores_avx512(qt[1], kc, d, st[1]);
+    __m512 alpha[2];
+    bool shifted;
+    for (int t = both ? 0 : 1; t < 2; ++t)
+      alpha[t] = sm[t].chunk(st[t], k0, k0 + kChunk - 1 > (t == 0 ? first_pos : first1), 0, c, false, pt[t], shifted);
+    if (both)
+      values_avx512_pair(vc, pt[0], pt[1], d, alpha[0], alpha[1], ot[0], ot[1]);
+    else
+      values_avx512(vc, pt[1], d, alpha[1], ot[1]);
   }
-  if (lse != nullptr) {
-    // sum_j e^(scale s_j) = 2^m l, m in log2 units.
-    alignas(64) float mm[kTileRows], ll[kTileRows];
-    _mm512_store_ps(mm, m);
-    _mm512_store_ps(ll, l);
-    for (int i = 0; i < rows; ++i) lse[i] = (mm[i] + std::log2(ll[i])) * 0.69314718055994531f;
-  }
+  sm[0].finish(ot[0], kTileRows, d, out, out_stride, lse);
+  sm[1].finish(ot[1], n1, d, out + kTileRows * out_stride, out_stride, lse != nullptr ? lse + kTileRows : nullptr);
+}
+
+// Up to tile_rows(amx, window) query rows: attend_tile_pair for 17-32 rows
+// without AMX or a window, attend_tile otherwise.
+template <bool kAmx, typename OutT>
+void attend_rows(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
+                 const uint16_t* k_packed, const uint16_t* v_packed, const Layout& lay, float scale,
+                 int64_t window, OutT* out, int64_t out_stride, float* lse = nullptr) {
+  if (!kAmx && window <= 0 && rows > kTileRows)
+    return attend_tile_pair(q, q_stride, rows, first_pos, row_step, k_packed, v_packed, lay, scale, out,
+                            out_stride, lse);
+  attend_tile<kAmx>(q, q_stride, rows, first_pos, row_step, k_packed, v_packed, lay, scale, window, out, out_stride,
+                    lse);
 }
 
 #endif  // PAGODA_PREFILL

@@ -173,10 +173,11 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
         const Item& it = items[n];
         const int64_t kv = it.head / group, base = kv * chunks + chunk_base[it.seq];
         const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
-        for (int64_t t = 0; t < it.rows; t += kTileRows) {
+        const int64_t step = tile_rows(kAmx, sliding_window);
+        for (int64_t t = 0; t < it.rows; t += step) {
           const int64_t row = it.first_row + t;
-          attend_tile<kAmx>(q + row * q_stride + it.head * lay.head_dim, q_stride,
-                            static_cast<int>(std::min<int64_t>(kTileRows, it.rows - t)), first_pos + t, 1,
+          attend_rows<kAmx>(q + row * q_stride + it.head * lay.head_dim, q_stride,
+                            static_cast<int>(std::min<int64_t>(step, it.rows - t)), first_pos + t, 1,
                             k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems,
                             lay, fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);
         }
