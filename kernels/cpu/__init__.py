@@ -37,7 +37,14 @@ _SOURCES = [
 ]
 _HEADERS = [
     Path(__file__).with_name(name)
-    for name in ("vec16.h", "amx.h", "decode_head_tile.h", "flash_tile.h", "flash_tile_f32.h")
+    for name in (
+        "vec16.h",
+        "amx.h",
+        "decode_head_tile.h",
+        "flash_tile.h",
+        "flash_tile_pair.h",
+        "flash_tile_f32.h",
+    )
 ]
 # -fopenmp: at::parallel_for is header code that runs its loop on torch's OpenMP
 # threads only when the extension itself is built with OpenMP (without it every

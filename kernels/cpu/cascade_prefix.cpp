@@ -30,7 +30,7 @@
 #include <mutex>
 #include <vector>
 
-#include "flash_tile.h"
+#include "flash_tile_pair.h"
 #include "flash_tile_f32.h"
 
 bool prefill_supported(int64_t head_dim, bool bf16);  // paged_attention_prefill.cpp: this build and CPU run the tiles

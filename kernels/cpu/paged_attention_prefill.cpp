@@ -30,7 +30,7 @@
 #include <mutex>
 #include <vector>
 
-#include "flash_tile.h"
+#include "flash_tile_pair.h"
 #include "flash_tile_f32.h"
 
 bool query_rows_of_heads(const torch::Tensor& query);  // paged_attention_decode.cpp
