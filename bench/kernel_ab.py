@@ -1,6 +1,6 @@
 """A/B two versions of the CPU kernels in one process, calls interleaved.
 
-    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,linear-prefill,decode,decode-cold,prefill,prefill-f32,cascade} [--reps N]
+    python -m bench.kernel_ab OLD_DIR NEW_DIR {linear,linear-prefill,decode,decode-cold,prefill,prefill-f32,cascade,cascade-f32} [--reps N]
 
 `linear-prefill` is one layer's four linears at 4096 rows (a prefill step's).
 OLD_DIR and NEW_DIR each hold a copy of kernels/cpu (e.g. `git show HEAD:...` into
@@ -11,7 +11,8 @@ prints the largest difference of their outputs, then best and median times of
 each and NEW/OLD. The shapes are SmolLM2-135M's (hidden 576, 9/3 heads of 64,
 blocks of 8): one layer's linears or decode attention at 32 sequences (96 tokens
 each), a 4 x 1024-token prefill (bf16 caches; `prefill-f32`: float32 ones, as on
-an AVX2 CPU), or 32 decode rows over a 512-token shared prefix.
+an AVX2 CPU), or 32 decode rows over a 512-token shared prefix (`cascade-f32`:
+float32 caches).
 One layer's data stays in cache between calls, so a change whose gain is in
 streaming weights or KV from DRAM needs a cold-cache benchmark instead:
 `decode-cold` is decode attention over 30 layers' caches in one step (32
@@ -79,8 +80,8 @@ def case(kind: str):
         return linear
     if kind == "decode-cold":
         return decode_cold(gen)
-    dtype = torch.float32 if kind == "prefill-f32" else bf16
-    kind = "prefill" if kind == "prefill-f32" else kind
+    dtype = torch.float32 if kind.endswith("-f32") else bf16
+    kind = kind.removesuffix("-f32")
     seqs, length, new = {"decode": (32, 96, 1), "prefill": (4, 1024, 1024)}.get(kind, (32, 512, 1))
     num_blocks = seqs * (-(-length // block)) + 4
     k_cache = torch.randn(num_blocks, block, kv_heads, dim, generator=gen).to(dtype)
@@ -184,6 +185,7 @@ def main() -> None:
             "decode-cold",
             "prefill",
             "prefill-f32",
+            "cascade-f32",
             "cascade",
         ],
     )
