@@ -267,19 +267,20 @@ inline void load_qt(const uint16_t* q, int64_t q_stride, int rows, int64_t d, ui
 struct TileSoftmax {
   __m512 m, l;
   __m512i q_pos;  // each query's position
-  TileSoftmax(int64_t first_pos, int row_step)
+  __m512 c;       // the attention scale times log2(e): raw scores to log2 units
+  TileSoftmax(int64_t first_pos, int row_step, float scale)
       : m(_mm512_set1_ps(-std::numeric_limits<float>::infinity())),
         l(_mm512_setzero_ps()),
         q_pos(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first_pos)),
                                _mm512_mullo_epi32(_mm512_set1_epi32(row_step),
                                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                                                    14, 15)))) {}
+                                                                    14, 15)))),
+        c(_mm512_set1_ps(scale * 1.44269504088896341f)) {}
 
   // A chunk's scores st [32 keys][16 queries] (keys from k0) -> P^T as a B tile
   // (pt) and l updated; returns alpha, the factor O^T takes first. `shifted`
   // says whether m moved (with `lazy`, only past kLazyRescale).
-  __m512 chunk(const float* st, int64_t k0, bool masked, int64_t window, __m512 c, bool lazy, uint32_t* pt,
-               bool& shifted) {
+  __m512 chunk(const float* st, int64_t k0, bool masked, int64_t window, bool lazy, uint32_t* pt, bool& shifted) {
     const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     const __m512 zero = _mm512_setzero_ps();
     const __m512i pair_words = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
@@ -390,8 +391,7 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
   constexpr bool resident = false;
 #endif
     std::fill(ot, ot + d * kTileRows, 0.f);
-  TileSoftmax sm(first_pos, row_step);
-  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+  TileSoftmax sm(first_pos, row_step, scale);
   const int64_t last_pos = first_pos + static_cast<int64_t>(rows - 1) * row_step;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
   for (int64_t ch = lo / kChunk; ch <= last_pos / kChunk; ++ch) {
@@ -405,7 +405,7 @@ void attend_tile(const uint16_t* q, int64_t q_stride, int rows, int64_t first_po
     // Only chunks crossing a row's causal edge or window start need a mask.
     const bool masked = k0 + kChunk - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
     bool shifted;
-    const __m512 alpha = sm.chunk(st, k0, masked, window, c, resident, pt, shifted);
+    const __m512 alpha = sm.chunk(st, k0, masked, window, resident, pt, shifted);
 #ifdef PAGODA_AMX
     if (resident && shifted) rescale_resident(alpha, ot);
 #endif

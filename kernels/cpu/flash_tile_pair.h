@@ -96,8 +96,7 @@ void attend_tile_pair(const uint16_t* q, int64_t q_stride, int rows, int64_t fir
   load_qt(q + kTileRows * q_stride, q_stride, n1, d, qt[1]);
   std::fill(ot[0], ot[0] + d * kTileRows, 0.f);
   std::fill(ot[1], ot[1] + d * kTileRows, 0.f);
-  TileSoftmax sm[2] = {TileSoftmax(first_pos, row_step), TileSoftmax(first1, row_step)};
-  const __m512 c = _mm512_set1_ps(scale * 1.44269504088896341f);
+  TileSoftmax sm[2] = {TileSoftmax(first_pos, row_step, scale), TileSoftmax(first1, row_step, scale)};
   const int64_t last0 = first_pos + static_cast<int64_t>(kTileRows - 1) * row_step;
   const int64_t last1 = first1 + static_cast<int64_t>(n1 - 1) * row_step;
   for (int64_t ch = 0; ch <= last1 / kChunk; ++ch) {
@@ -112,7 +111,7 @@ void attend_tile_pair(const uint16_t* q, int64_t q_stride, int rows, int64_t fir
     __m512 alpha[2];
     bool shifted;
     for (int t = both ? 0 : 1; t < 2; ++t)
-      alpha[t] = sm[t].chunk(st[t], k0, k0 + kChunk - 1 > (t == 0 ? first_pos : first1), 0, c, false, pt[t], shifted);
+      alpha[t] = sm[t].chunk(st[t], k0, k0 + kChunk - 1 > (t == 0 ? first_pos : first1), 0, false, pt[t], shifted);
     if (both)
       values_avx512_pair(vc, pt[0], pt[1], d, alpha[0], alpha[1], ot[0], ot[1]);
     else
