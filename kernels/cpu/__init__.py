@@ -33,6 +33,7 @@ _SOURCES = [
         "cache_write.cpp",
         "gemm_bf16.cpp",
         "row_argmax.cpp",
+        "decode_stack.cpp",
     )
 ]
 _HEADERS = [
@@ -44,6 +45,7 @@ _HEADERS = [
         "flash_tile.h",
         "flash_tile_pair.h",
         "flash_tile_f32.h",
+        "linear_fn.h",
     )
 ]
 # -fopenmp: at::parallel_for is header code that runs its loop on torch's OpenMP
@@ -84,7 +86,8 @@ _FP8_KV_HEADERS = [Path(__file__).with_name(name) for name in ("fp8_e4m3.h", "ve
 # Half-storage float32 linears for CPUs without fast bf16: their own module too.
 _HALF_F32_SOURCES = [Path(__file__).with_name("gemm_half_f32.cpp")]
 # The panels' column order and their widen, shared with the GEMV below.
-_HALF_PANEL_HEADERS = [Path(__file__).with_name("half_panel.h")]
+# Each linear module also exports its kernels' C++ entry points (linear_fn.h).
+_HALF_PANEL_HEADERS = [Path(__file__).with_name(name) for name in ("half_panel.h", "linear_fn.h")]
 
 
 def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
@@ -285,7 +288,7 @@ _GEMV_SOURCES = [Path(__file__).with_name("gemv_bf16.cpp")]
 @cache
 def load_gemv_kernels(isa: str | None = None) -> ModuleType | None:
     """The 1-4 row bf16 linears over packed panels, or None as load_cpu_kernels."""
-    headers = [Path(__file__).with_name("vec16.h"), *_STREAM_PREFETCH_HEADERS]
+    headers = [Path(__file__).with_name(n) for n in ("vec16.h", "linear_fn.h")] + _STREAM_PREFETCH_HEADERS
     return _load("pagoda_gemv", _GEMV_SOURCES, headers, isa or env.cpu_isa())
 
 

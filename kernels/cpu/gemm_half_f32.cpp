@@ -30,6 +30,8 @@
 #include <optional>
 #include <vector>
 
+#include "linear_fn.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGODA_HALF_F32 1
 #include <immintrin.h>
@@ -286,4 +288,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("half_panel_linear", &half_panel_linear, "x [M, K] f32 @ widened packed^T (+ bias) -> [M, N] f32",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());
+  m.attr("half_panel_linear_fn") = linear_fn_capsule(&half_panel_linear);  // linear_fn.h
 }

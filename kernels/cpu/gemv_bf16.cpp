@@ -37,6 +37,7 @@
 #include <cstring>
 #include <optional>
 
+#include "linear_fn.h"
 #include "stream_prefetch.h"
 #include "vec16.h"
 
@@ -230,4 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_bf16_linear_silu", &gemv_bf16_linear_silu,
         "silu(x @ gate^T + b) * (x @ up^T + b) for packed [gate; up], x [1-6, K] -> [M, N / 2] bf16",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  // The same two for decode_stack.cpp's native loop (linear_fn.h).
+  m.attr("gemv_bf16_linear_fn") = linear_fn_capsule(&gemv_bf16_linear);
+  m.attr("gemv_bf16_linear_silu_fn") = linear_fn_capsule(&gemv_bf16_linear_silu);
 }

@@ -53,6 +53,8 @@
 #include "stream_prefetch.h"
 #endif
 
+#include "linear_fn.h"
+
 namespace {
 
 constexpr int kPanel = 16;  // output columns per panel (pack_half_panels)
@@ -225,4 +227,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_half_f32_linear", &gemv_half_f32_linear,
         "x [M <= 8, K] f32 @ widened half panels^T (+ bias) -> [M, N] f32", py::arg("x"), py::arg("packed"),
         py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.attr("gemv_half_f32_linear_fn") = linear_fn_capsule(&gemv_half_f32_linear);  // linear_fn.h
 }

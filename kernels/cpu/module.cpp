@@ -6,6 +6,8 @@
 #include <tuple>
 #include <vector>
 
+#include "linear_fn.h"
+
 bool supports(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
                             const torch::Tensor& value_cache, const torch::Tensor& block_tables,
@@ -45,6 +47,7 @@ void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const tor
                    const torch::Tensor& sin_cache, torch::Tensor& key_cache, torch::Tensor& value_cache,
                    const torch::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
                    int64_t head_dim);
+void bind_decode_stack(py::module_& m);
 
 // NOTE: every kernel runs without the GIL (its body touches no Python object;
 // arguments are converted before the guard and the result after it), so the
@@ -85,4 +88,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_embedding", &rotary_embedding, "NeoX-style RoPE in place on bf16 or float32 q and k", release_gil());
   m.def("rope_write_kv", &rope_write_kv,
         "RoPE in place on fused QKV rows, then their K and V into the cache slots", release_gil());
+  // The panel linears' C++ entry points, and the native decode loop that calls them
+  // and the GEMV modules' (decode_stack.cpp).
+  m.attr("bf16_panel_linear_fn") = linear_fn_capsule(&bf16_panel_linear);
+  m.attr("bf16_panel_linear_silu_fn") = linear_fn_capsule(&bf16_panel_linear_silu);
+  bind_decode_stack(m);
 }

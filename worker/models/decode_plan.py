@@ -42,6 +42,7 @@ from kernels.cpu import load_cpu_kernels
 from worker.attention import forward_context
 from worker.layers import cpu_half_f32, cpu_packed
 from worker.layers.quantization.unquantized import UnquantizedLinearMethod
+from worker.models.decode_stack import NativeStacks, native_stacks
 
 # The rows cpu_packed sends to the bf16 GEMV kernels; more go to the panel kernel.
 MAX_ROWS = cpu_packed.GEMV_MAX_ROWS
@@ -86,6 +87,9 @@ class DecodePlan:
         self.max_rows = row_limits[0]  # a step of any kind up to here (the GEMV's rows)
         self.sizes = sizes  # [q_size, kv_size, kv_size]
         self.final_norm = final_norm
+        # The decode-only steps' native loop (worker/models/decode_stack.py), or None:
+        # every step in the Python loop below, its twin.
+        self.stacks: NativeStacks | None = None
 
     def covers(self, num_rows: int) -> bool:
         """Whether a step of num_rows rows runs here: 1-max_rows rows of any kind,
@@ -106,9 +110,14 @@ class DecodePlan:
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """hidden: the embedded rows [tokens, hidden] -> the final norm's output."""
+        layers = self.layers_for(hidden.shape[0])
+        if self.stacks is not None:
+            out = self.stacks.forward(layers, hidden, positions)
+            if out is not None:
+                return out
         sizes = self.sizes
         residual = None
-        for layer in self.layers_for(hidden.shape[0]):
+        for layer in layers:
             if residual is None:  # the first layer: the embedding is the residual
                 residual = hidden
                 hidden = layer.in_norm(hidden, None)
@@ -184,12 +193,14 @@ def build_decode_plan(model) -> DecodePlan | None:
                 )
             )
     first = layers[0].self_attn
-    return DecodePlan(
+    plan = DecodePlan(
         row_limits,
         layer_lists,
         [first.q_size, first.kv_size, first.kv_size],
         _norm(elementwise, model.norm),
     )
+    plan.stacks = native_stacks(plan, [layer.self_attn.attn for layer in layers])
+    return plan
 
 
 def _is_bf16_panel_linear(linear) -> bool:
@@ -214,11 +225,15 @@ def _bf16_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
     if gemv is None or panel is None or not panel.bf16_gemm_supported():
         return None
     return [
-        (MAX_ROWS, _binder(gemv.gemv_bf16_linear), _binder(gemv.gemv_bf16_linear_silu)),
+        (
+            MAX_ROWS,
+            _binder(gemv.gemv_bf16_linear, gemv.gemv_bf16_linear_fn),
+            _binder(gemv.gemv_bf16_linear_silu, gemv.gemv_bf16_linear_silu_fn),
+        ),
         (
             torch.iinfo(torch.int64).max,
-            _binder(panel.bf16_panel_linear),
-            _binder(panel.bf16_panel_linear_silu),
+            _binder(panel.bf16_panel_linear, panel.bf16_panel_linear_fn),
+            _binder(panel.bf16_panel_linear_silu, panel.bf16_panel_linear_silu_fn),
         ),
     ]
 
@@ -236,26 +251,40 @@ def _half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
     def with_silu(bind: Binder) -> Binder:
         def bind_silu(linear):
             call = bind(linear)
-            return lambda x: silu_and_mul(call(x))
+
+            def call_silu(x):
+                return silu_and_mul(call(x))
+
+            native = getattr(call, "native", None)
+            if native is not None:  # the same kernel, then silu_and_mul
+                call_silu.native = (*native[:3], True)
+            return call_silu
 
         return bind_silu
 
+    panel = _binder(gemm.half_panel_linear, gemm.half_panel_linear_fn)
+
     def copy_or_gemm(linear):
         if linear.weight_f32 is None:
-            return _binder(gemm.half_panel_linear)(linear)
+            return panel(linear)
         weight, bias, kernel = linear.weight_f32, linear.bias, cpu_packed.packed_linear
-        return lambda x: kernel(x, weight, bias)
+        return lambda x: kernel(x, weight, bias)  # oneDNN's: no native entry
 
     routes = [
-        (cpu_half_f32._GEMV_MAX_ROWS, _binder(gemv.gemv_half_f32_linear)),
-        (cpu_half_f32._GEMM_MAX_ROWS, _binder(gemm.half_panel_linear)),
+        (
+            cpu_half_f32._GEMV_MAX_ROWS,
+            _binder(gemv.gemv_half_f32_linear, gemv.gemv_half_f32_linear_fn),
+        ),
+        (cpu_half_f32._GEMM_MAX_ROWS, panel),
         (torch.iinfo(torch.int64).max, copy_or_gemm),
     ]
     return [(limit, bind, with_silu(bind)) for limit, bind in routes]
 
 
-def _binder(kernel) -> Binder:
-    """kernel(x, packed, bias) bound to a linear's own weight and bias."""
+def _binder(kernel, native_fn=None) -> Binder:
+    """kernel(x, packed, bias) bound to a linear's own weight and bias; the call
+    carries `native` = (native_fn, packed, bias, False), what the native decode loop
+    binds (kernel's C++ entry point capsule, linear_fn.h; no SiLU after it)."""
 
     def bind(linear):
         packed, bias = linear.weight, linear.bias
@@ -263,6 +292,8 @@ def _binder(kernel) -> Binder:
         def call(x):
             return kernel(x, packed, bias)
 
+        if native_fn is not None:
+            call.native = (native_fn, packed, bias, False)
         return call
 
     return bind
@@ -277,6 +308,7 @@ def _norm(kernels, norm) -> Callable:
             return rms_norm(x, weight, eps)
         return add_rms_norm(x, residual, weight, eps)  # residual += x, in place
 
+    call.native = (weight, eps)
     return call
 
 
@@ -293,6 +325,7 @@ def _attend_qkv(attn, rope) -> Callable:
             return None
         return fused(qkv, positions, cos, sin, forward_context._current)
 
+    call.rope = (cos, sin)
     return call
 
 

@@ -139,4 +139,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
         return pair[1]
 
     attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
+    # What the native decode loop (kernels/cpu/decode_stack.cpp) binds for this layer
+    # in place of decode_qkv; it takes no cascade (worker/models/decode_stack.py).
+    attend.decode_stack_args = (key_cache, value_cache, scale, window_arg)  # type: ignore[attr-defined]
     return attend
