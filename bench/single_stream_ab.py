@@ -19,7 +19,10 @@ Variants (each sets the engine to one state; see VARIANTS):
     modules   the decoder layers through their module forwards
     plan-unfused  the plan with RoPE, cache write and attention as separate calls
     plan      the layers' kernels bound once (worker/models/decode_plan.py), RoPE +
-              cache write fused (rope_write_kv) before the decode kernel
+              cache write fused (rope_write_kv) before the decode kernel, called
+              from the plan's Python loop
+    native    the same kernels from one C++ call a step (worker/models/decode_stack.py),
+              the engine's default
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import time
 from bench.workloads import FIRST_TOKEN_ID
 
 
-def _set_plan(llm, on: bool, fused_attention: bool = True) -> None:
+def _set_plan(llm, on: bool, fused_attention: bool = True, native: bool = False) -> None:
     from worker.models.decode_plan import build_decode_plan
 
     model = llm.engine.core.runner.model.model
@@ -40,12 +43,15 @@ def _set_plan(llm, on: bool, fused_attention: bool = True) -> None:
     if model.decode_plan and not fused_attention:
         for layer in model.decode_plan.layers_for(1):
             layer.attend_qkv = lambda qkv, positions: None  # rotary + attention module
+    if model.decode_plan and not native:
+        model.decode_plan.stacks = None
 
 
 VARIANTS = {
     "modules": lambda llm: _set_plan(llm, False),
     "plan-unfused": lambda llm: _set_plan(llm, True, fused_attention=False),
     "plan": lambda llm: _set_plan(llm, True),
+    "native": lambda llm: _set_plan(llm, True, native=True),
 }
 
 
@@ -126,7 +132,7 @@ def main() -> int:
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--variants", default="modules,plan-unfused,plan")
+    parser.add_argument("--variants", default="modules,plan-unfused,plan,native")
     args = parser.parse_args()
     from worker import LLM
 
@@ -160,6 +166,8 @@ def main() -> int:
             f"{statistics.median(wall):.3f}"
         )
     for name in names:
+        if name == "native":  # its GEMVs are called from C++, past GemvClock's wrappers
+            continue
         rest = remainders[name]
         print(
             f"{name:>12}: outside the GEMV kernels (step - GEMV, thread CPU) ms/token best "
