@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python -m bench.decode_plan_ab --model M [--rows 16,36,64]
         [--pairs 4] [--output-len 32] [--cpu-threads 1] [--clock thread|wall]
+        [--variants modules,plan]
 
 n requests (32-token prompts, `--output-len` greedy tokens, EOS ignored) through
 the offline `LLM`, so after the prefill step every step decodes n rows. Per row
@@ -15,7 +16,10 @@ variants produced the same tokens. `--clock wall` times wall clock instead (for
 more than one thread: thread CPU time sees the calling thread only), a figure a
 loaded machine inflates.
 
-Variants: modules (the layers' module forwards), plan (worker/models/decode_plan.py).
+Variants: modules (the layers' module forwards), plan (worker/models/decode_plan.py,
+its Python loop), native (the plan's kernels from one C++ call: worker/models/
+decode_stack.py; its linears run past the timed wrappers, so only "forward" is
+printed for a pair with it). The second variant's figure is over the first's.
 """
 
 from __future__ import annotations
@@ -93,10 +97,12 @@ def run_once(llm, clock: StepClock, rows: int, output_len: int):
     return 1000 * clock.forward_s / steps, 1000 * (clock.forward_s - clock.linear_s) / steps, tokens
 
 
-def _set_plan(model, on: bool) -> None:
+def _set_plan(model, variant: str) -> None:
     from worker.models.decode_plan import build_decode_plan
 
-    model.decode_plan = build_decode_plan(model) if on else None
+    model.decode_plan = build_decode_plan(model) if variant != "modules" else None
+    if model.decode_plan and variant != "native":
+        model.decode_plan.stacks = None
 
 
 def main() -> int:
@@ -107,38 +113,42 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    parser.add_argument("--variants", default="modules,plan", help="two of modules, plan, native")
     args = parser.parse_args()
     from worker import LLM
 
     llm = LLM(model=args.model, cpu_threads=args.cpu_threads, enable_prefix_caching=False)
     model = llm.engine.core.runner.model.model
     clock = StepClock(model, time.thread_time if args.clock == "thread" else time.perf_counter)
-    names = ("modules", "plan")
+    names = tuple(args.variants.split(","))
+    assert len(names) == 2 and set(names) <= {"modules", "plan", "native"}, names
     print(
         f"{time.strftime('%H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.2f}, "
         f"{args.cpu_threads} thread(s), {args.clock} clock"
     )
     for rows in (int(r) for r in args.rows.split(",")):
         for name in names:  # warm-up: first-step allocations at this size
-            _set_plan(model, name == "plan")
+            _set_plan(model, name)
             run_once(llm, clock, rows, 4)
         figures = {n: [] for n in names}
         tokens = {}
         for pair in range(args.pairs):
             for name in names if pair % 2 == 0 else names[::-1]:
-                _set_plan(model, name == "plan")
+                _set_plan(model, name)
                 step, outside, toks = run_once(llm, clock, rows, args.output_len)
                 figures[name].append((step, outside))
                 assert tokens.setdefault(name, toks) == toks, f"{name}: tokens changed"
-        same = tokens["plan"] == tokens["modules"]
+        a, b = names
+        same = tokens[a] == tokens[b]
         print(f"{rows} rows, load {os.getloadavg()[0]:.2f}, tokens identical: {same}")
-        for i, what in enumerate(("forward", "forward - linears")):
-            ratios = [p[i] / m[i] for p, m in zip(figures["plan"], figures["modules"], strict=True)]
+        kinds = ("forward",) if "native" in names else ("forward", "forward - linears")
+        for i, what in enumerate(kinds):
+            ratios = [y[i] / x[i] for x, y in zip(figures[a], figures[b], strict=True)]
             cells = " ".join(
-                f"{m[i]:.3f}/{p[i]:.3f}" for m, p in zip(*figures.values(), strict=True)
+                f"{x[i]:.3f}/{y[i]:.3f}" for x, y in zip(*figures.values(), strict=True)
             )
             print(
-                f"  {what:>17} ms/step modules/plan per pair: {cells}; plan/modules "
+                f"  {what:>17} ms/step {a}/{b} per pair: {cells}; {b}/{a} "
                 f"{' '.join(f'{r:.3f}' for r in ratios)} median {statistics.median(ratios):.3f}"
             )
         if not same:
