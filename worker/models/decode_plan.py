@@ -23,7 +23,9 @@ module path stays the twin.
 The model runs the plan for steps of up to the GEMV's rows of any kind (a step
 with prefill rows takes the split, the rotary kernel and the attention module in
 the plan's loop) and for decode-only steps of any size (`covers`); a larger step
-with prefill rows keeps the module path.
+with prefill rows keeps the module path. A decode-only step without a cascade goes
+further: `stacks` runs the same bound kernels from one C++ call (decode_stack.py),
+and this loop is its twin.
 
 `build_decode_plan` returns None (the model keeps its module path) unless every
 layer is the plain shape this covers: one rank, no q/k norm, unquantized
@@ -38,17 +40,15 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu import load_cpu_kernels
 from worker.attention import forward_context
-from worker.layers import cpu_half_f32, cpu_packed
-from worker.layers.quantization.unquantized import UnquantizedLinearMethod
 from worker.models.decode_stack import NativeStacks, native_stacks
-
-# The rows cpu_packed sends to the bf16 GEMV kernels; more go to the panel kernel.
-MAX_ROWS = cpu_packed.GEMV_MAX_ROWS
-
-# A linear module -> its call on x [tokens, in] contiguous, for one row range.
-Binder = Callable[[object], Callable[[torch.Tensor], torch.Tensor]]
+from worker.models.plan_routes import MAX_ROWS as MAX_ROWS  # the GEMV's rows, for callers
+from worker.models.plan_routes import (
+    bf16_routes,
+    half_f32_routes,
+    is_bf16_panel_linear,
+    is_half_f32_linear,
+)
 
 
 class LayerPlan:
@@ -145,9 +145,9 @@ def build_decode_plan(model) -> DecodePlan | None:
     if not layers or not weight.is_cpu or model.embed_tokens.tp_size != 1:
         return None
     if weight.dtype == torch.bfloat16:
-        is_linear, routes = _is_bf16_panel_linear, _bf16_routes
+        is_linear, routes = is_bf16_panel_linear, bf16_routes
     elif weight.dtype == torch.float32:
-        is_linear, routes = _is_half_f32_linear, _half_f32_routes
+        is_linear, routes = is_half_f32_linear, half_f32_routes
     else:
         return None
     if not all(is_linear(layer.self_attn.qkv_proj) for layer in layers):
@@ -201,102 +201,6 @@ def build_decode_plan(model) -> DecodePlan | None:
     )
     plan.stacks = native_stacks(plan, [layer.self_attn.attn for layer in layers])
     return plan
-
-
-def _is_bf16_panel_linear(linear) -> bool:
-    return (
-        type(linear.quant_method) is UnquantizedLinearMethod
-        and getattr(linear, "weight_is_packed", False)
-        and linear.weight.dim() == 3  # the panel layout (a 2-D packed one is oneDNN's)
-        and linear.weight.dtype == torch.bfloat16
-    )
-
-
-def _is_half_f32_linear(linear) -> bool:
-    return type(linear.quant_method) is UnquantizedLinearMethod and getattr(
-        linear, "weight_is_half_f32", False
-    )
-
-
-def _bf16_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
-    """cpu_packed's routes: the GEMV kernels up to MAX_ROWS rows, the panel kernel above."""
-    gemv = cpu_packed._gemv_kernels()
-    panel = load_cpu_kernels()
-    if gemv is None or panel is None or not panel.bf16_gemm_supported():
-        return None
-    return [
-        (
-            MAX_ROWS,
-            _binder(gemv.gemv_bf16_linear, gemv.gemv_bf16_linear_fn),
-            _binder(gemv.gemv_bf16_linear_silu, gemv.gemv_bf16_linear_silu_fn),
-        ),
-        (
-            torch.iinfo(torch.int64).max,
-            _binder(panel.bf16_panel_linear, panel.bf16_panel_linear_fn),
-            _binder(panel.bf16_panel_linear_silu, panel.bf16_panel_linear_silu_fn),
-        ),
-    ]
-
-
-def _half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
-    """cpu_half_f32.half_linear's routes: its GEMV, its panel GEMM, then oneDNN's float32
-    copy where the layer has one. The gate/up SiLU is the activation kernel after the
-    linear, as the module path (SiluAndMul) runs it."""
-    gemv = cpu_half_f32._gemv_kernels()
-    gemm = cpu_half_f32.load_half_f32_kernels()  # what half_linear calls
-    if gemv is None or gemm is None:
-        return None
-    silu_and_mul = elementwise.silu_and_mul
-
-    def with_silu(bind: Binder) -> Binder:
-        def bind_silu(linear):
-            call = bind(linear)
-
-            def call_silu(x):
-                return silu_and_mul(call(x))
-
-            native = getattr(call, "native", None)
-            if native is not None:  # the same kernel, then silu_and_mul
-                call_silu.native = (*native[:3], True)
-            return call_silu
-
-        return bind_silu
-
-    panel = _binder(gemm.half_panel_linear, gemm.half_panel_linear_fn)
-
-    def copy_or_gemm(linear):
-        if linear.weight_f32 is None:
-            return panel(linear)
-        weight, bias, kernel = linear.weight_f32, linear.bias, cpu_packed.packed_linear
-        return lambda x: kernel(x, weight, bias)  # oneDNN's: no native entry
-
-    routes = [
-        (
-            cpu_half_f32._GEMV_MAX_ROWS,
-            _binder(gemv.gemv_half_f32_linear, gemv.gemv_half_f32_linear_fn),
-        ),
-        (cpu_half_f32._GEMM_MAX_ROWS, panel),
-        (torch.iinfo(torch.int64).max, copy_or_gemm),
-    ]
-    return [(limit, bind, with_silu(bind)) for limit, bind in routes]
-
-
-def _binder(kernel, native_fn=None) -> Binder:
-    """kernel(x, packed, bias) bound to a linear's own weight and bias; the call
-    carries `native` = (native_fn, packed, bias, False), what the native decode loop
-    binds (kernel's C++ entry point capsule, linear_fn.h; no SiLU after it)."""
-
-    def bind(linear):
-        packed, bias = linear.weight, linear.bias
-
-        def call(x):
-            return kernel(x, packed, bias)
-
-        if native_fn is not None:
-            call.native = (native_fn, packed, bias, False)
-        return call
-
-    return bind
 
 
 def _norm(kernels, norm) -> Callable:
