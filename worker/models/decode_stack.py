@@ -49,6 +49,8 @@ class NativeStacks:
         prefills = getattr(metadata, "prefills", None)
         if prefills is None or prefills or not metadata.decode_seq_ids or metadata.cascade_blocks:
             return None
+        if not hidden.is_contiguous():  # the loop's norms take contiguous rows only
+            return None
         bounds = tuple(attn._bound for attn in self._attns)
         if bounds != self._bounds:  # identity per layer: a new cache or backend rebinds
             self._bounds, self._stacks = bounds, {}
