@@ -73,6 +73,25 @@ def test_native_loop_matches_the_plan(make_checkpoint, arch):
     assert all(s is not None and s.num_layers == len(plan.layers_for(1)) for s in built.values())
 
 
+@pytest.mark.parametrize(
+    "arch, overrides",
+    [
+        ("mistral", {"sliding_window": 8}),  # the window reaches the decode kernel
+        ("llama", {"num_key_value_heads": 1}),
+        ("llama", {"num_key_value_heads": 4}),
+    ],
+    ids=["sliding-window", "mqa", "mha"],
+)
+def test_native_loop_matches_the_plan_on_other_shapes(make_checkpoint, arch, overrides):
+    _needs_gemv()
+    llm = LLM(str(make_checkpoint(arch, dtype=torch.bfloat16, **overrides)), **ENGINE)
+    plan = _plan(llm)
+    batches = [random_prompts([5, 19, 44, 30], seed=7), random_prompts([12], seed=8)]
+    native, python, steps = _both_ways(llm, plan, batches)
+    assert native == python
+    assert {rows for rows, _, ran in steps if ran} >= {1, 4}
+
+
 def test_a_new_binding_rebuilds_the_stacks(make_checkpoint):
     """A layer bound anew (here: its cache set again, as a new KV cache would be)
     drops the stacks; the next decode steps bind it on the plan's Python loop
