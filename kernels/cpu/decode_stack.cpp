@@ -8,13 +8,15 @@
 // kernels, with the same arguments in the same order, run from a C++ loop over
 // layers bound once (DecodeStack), so the results are the plan's bit for bit
 // (tests/worker/models/test_decode_stack.py); the plan stays the twin, and it
-// still runs every step this does not take (prefill rows, a cascade, a layer not
-// yet bound to its cache: worker/models/decode_stack.py decides).
+// still runs every step this does not take (prefill rows, a layer not yet bound
+// to its cache: worker/models/decode_stack.py decides).
 //
 // Per layer, from the embedded rows hidden [T, H] (T decode rows, one per sequence):
 //   h = rms_norm(hidden) (layer 0; residual = hidden) or add_rms_norm(h, residual)
 //   qkv = qkv(h) [T, (nh + 2 nkv) d]; RoPE in place + K/V into the cache (rope_write_kv)
-//   attn [T, nh, d] = paged_attention_decode(q view of qkv, the cache)
+//   attn [T, nh, d] = paged_attention_decode(q view of qkv, the cache), where the
+//     rows share a cached prefix (a cascade, prefix_len > 0) over the tokens past
+//     it, merged with attention_over_prefix's output over the prefix
 //   h = add_rms_norm(o(attn [T, nh d]), residual); h = down(silu(gate_up(h)))
 // and last add_rms_norm(h, residual, final norm) -> [T, H], what the plan returns.
 #include <torch/extension.h>
@@ -30,6 +32,10 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
                             torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
                             const std::optional<torch::Tensor>& prefix_out,
                             const std::optional<torch::Tensor>& prefix_lse);
+void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
+                           const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
+                           int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
+                           torch::Tensor& lse, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight,
                            double eps);
@@ -106,10 +112,12 @@ class DecodeStack {
   // hidden: the embedded rows [T, H] (it becomes the residual and is updated in
   // place, as in the plan); the metadata tensors are the step's decode partition
   // (CPUAttentionMetadata): slot_mapping [T], block_tables [T, max_blocks] int32,
-  // seq_lens [T] int32, query_rows [T] int64.
+  // seq_lens [T] int32, query_rows [T] int64; a cascade: prefix_len > 0 tokens of
+  // prefix_table (the blocks every row shares), as the backend's _decode takes it.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& positions,
                         const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
-                        const torch::Tensor& seq_lens, const torch::Tensor& query_rows) {
+                        const torch::Tensor& seq_lens, const torch::Tensor& query_rows, int64_t prefix_len,
+                        const std::optional<torch::Tensor>& prefix_table) {
     TORCH_CHECK(!layers_.empty(), "DecodeStack: no layers");
     TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "DecodeStack: hidden must be contiguous [T, H]");
     const int64_t rows = hidden.size(0);
@@ -117,6 +125,16 @@ class DecodeStack {
     // attention before that layer's o_proj reads it.
     torch::Tensor attn = torch::empty({rows, num_heads_, head_dim_}, hidden.options());
     const torch::Tensor attn_rows = attn.view({rows, num_heads_ * head_dim_});
+    // A cascade's prefix half, [nkv, T * group, d] and [nkv, T * group] float32:
+    // written whole by each layer's attention_over_prefix before its decode reads it.
+    std::optional<torch::Tensor> prefix_out, prefix_lse;
+    if (prefix_len > 0) {
+      TORCH_CHECK(prefix_table.has_value(), "DecodeStack: a cascade needs its prefix table");
+      const int64_t rows_per_head = rows * (num_heads_ / num_kv_heads_);
+      const auto f32 = hidden.options().dtype(torch::kFloat);
+      prefix_out = torch::empty({num_kv_heads_, rows_per_head, head_dim_}, f32);
+      prefix_lse = torch::empty({num_kv_heads_, rows_per_head}, f32);
+    }
     torch::Tensor residual = hidden;
     torch::Tensor h;
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -126,8 +144,11 @@ class DecodeStack {
       rope_write_kv(qkv, positions, l.cos, l.sin, l.key_cache, l.value_cache, slot_mapping, num_heads_,
                     num_kv_heads_, head_dim_);
       const torch::Tensor query = qkv.as_strided({rows, num_heads_, head_dim_}, {qkv.stride(0), head_dim_, 1});
+      if (prefix_len > 0)
+        attention_over_prefix(query, l.key_cache, l.value_cache, *prefix_table, prefix_len, query_rows, *prefix_out,
+                              *prefix_lse, l.scale);
       paged_attention_decode(query, l.key_cache, l.value_cache, block_tables, seq_lens, query_rows, attn, l.scale,
-                             l.window, 0, std::nullopt, std::nullopt);
+                             l.window, prefix_len, prefix_out, prefix_lse);
       h = add_rms_norm(l.o(attn_rows), residual, l.post_norm, l.post_eps);
       h = l.down(l.gate_up(h));
     }
@@ -150,5 +171,7 @@ void bind_decode_stack(py::module_& m) {
       .def("add_layer", &DecodeStack::add_layer)
       .def_property_readonly("num_layers", &DecodeStack::num_layers)
       // The whole loop without the GIL: no Python object is touched inside it.
-      .def("forward", &DecodeStack::forward, py::call_guard<py::gil_scoped_release>());
+      .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("positions"), py::arg("slot_mapping"),
+           py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_rows"), py::arg("prefix_len") = 0,
+           py::arg("prefix_table") = py::none(), py::call_guard<py::gil_scoped_release>());
 }

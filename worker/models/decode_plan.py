@@ -23,9 +23,9 @@ module path stays the twin.
 The model runs the plan for steps of up to the GEMV's rows of any kind (a step
 with prefill rows takes the split, the rotary kernel and the attention module in
 the plan's loop) and for decode-only steps of any size (`covers`); a larger step
-with prefill rows keeps the module path. A decode-only step without a cascade goes
-further: `stacks` runs the same bound kernels from one C++ call (decode_stack.py),
-and this loop is its twin.
+with prefill rows keeps the module path. A decode-only step goes further:
+`stacks` runs the same bound kernels from one C++ call (decode_stack.py), and
+this loop is its twin.
 
 `build_decode_plan` returns None (the model keeps its module path) unless every
 layer is the plain shape this covers: one rank, no q/k norm, unquantized

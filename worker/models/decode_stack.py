@@ -9,10 +9,11 @@ the same kernels with the same arguments (the plan's bound calls carry them:
 in a C++ loop with the GIL released once for the whole step, so its output is the
 plan's bit for bit and the plan's loop stays its twin.
 
-It runs a decode-only step of the CPU backend's metadata with no cascade (shared
-prefix) to attend, once every layer is bound to its cache by the bound-attention
-path (worker/attention/backends/cpu_bound.py, which lists what the loop needs in
-`decode_stack_args`); anything else (prefill rows, a cascade, an fp8 cache, a
+It runs a decode-only step of the CPU backend's metadata, a cascade's shared
+prefix included (attention_over_prefix, then the decode kernel merging it, as the
+backend's _decode does), once every layer is bound to its cache by the
+bound-attention path (worker/attention/backends/cpu_bound.py, which lists what the
+loop needs in `decode_stack_args`); anything else (prefill rows, an fp8 cache, a
 layer not yet bound, oneDNN's float32 copy above 128 rows on AVX2) goes to the
 plan's Python loop. One stack per layer list of the plan (its row routes: GEMV,
 panel), built at the first step that can use it and again whenever a layer's
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from kernels.cpu import load_cpu_kernels
 from worker.attention import forward_context
+from worker.attention.backends.cpu_metadata import cascade_prefix_len
 
 if TYPE_CHECKING:
     import torch
@@ -40,36 +42,43 @@ class NativeStacks:
         self._plan = plan
         self._attns = attns  # each layer's Attention module, whose `_bound` is read per step
         self._bounds: tuple = ()  # the bindings the stacks in `_stacks` were built over
-        self._stacks: dict[int, object] = {}  # id(layer list) -> DecodeStack, or None: not native
+        # id(layer list) -> (DecodeStack, its layers take a cascade, block size), or None
+        self._stacks: dict[int, tuple | None] = {}
 
     def forward(self, layers: list[LayerPlan], hidden: torch.Tensor, positions: torch.Tensor):
         """The step through the native loop, as DecodePlan.forward returns it; None
         (nothing done) where the step or the layers are not one it takes."""
         metadata = forward_context._current
         prefills = getattr(metadata, "prefills", None)
-        if prefills is None or prefills or not metadata.decode_seq_ids or metadata.cascade_blocks:
+        if prefills is None or prefills or not metadata.decode_seq_ids:
             return None
         if not hidden.is_contiguous():  # the loop's norms take contiguous rows only
             return None
         bounds = tuple(attn._bound for attn in self._attns)
         if bounds != self._bounds:  # identity per layer: a new cache or backend rebinds
             self._bounds, self._stacks = bounds, {}
-        stack = self._stacks.get(id(layers), _UNBUILT)
-        if stack is _UNBUILT:
-            stack = self._stacks[id(layers)] = self._build(layers, bounds)
-        if stack is None:
+        built = self._stacks.get(id(layers), _UNBUILT)
+        if built is _UNBUILT:
+            built = self._stacks[id(layers)] = self._build(layers, bounds)
+        if built is None:
             return None
+        stack, cascade_ok, block_size = built
+        tables = metadata.decode_block_tables
+        prefix_len = cascade_prefix_len(metadata, block_size) if cascade_ok else 0
         return stack.forward(
             hidden,
             positions,
             metadata.slot_mapping,
-            metadata.decode_block_tables,
+            tables,
             metadata.decode_seq_lens,
             metadata.decode_rows,
+            prefix_len,
+            tables[0] if prefix_len else None,
         )
 
-    def _build(self, layers: list[LayerPlan], bounds: tuple):
-        """A DecodeStack over layers with these bindings, or None where one is missing."""
+    def _build(self, layers: list[LayerPlan], bounds: tuple) -> tuple | None:
+        """(a DecodeStack over layers with these bindings, whether all of them take a
+        cascade, the caches' block size), or None where one is missing."""
         first = self._attns[0]
         final = getattr(self._plan.final_norm, "native", None)
         if final is None:
@@ -77,6 +86,7 @@ class NativeStacks:
         stack = self._kernels.DecodeStack(
             first.num_heads, first.num_kv_heads, first.head_dim, final[0], final[1]
         )
+        cascade_ok = True
         for layer, bound, attn in zip(layers, bounds, self._attns, strict=True):
             args = getattr(bound, "decode_stack_args", None)
             norms = [getattr(c, "native", None) for c in (layer.in_norm, layer.post_norm)]
@@ -94,7 +104,8 @@ class NativeStacks:
             ):
                 return None
             qkv, o, gate_up, down = linears
-            key_cache, value_cache, scale, window = args
+            key_cache, value_cache, scale, window, layer_cascade_ok = args
+            cascade_ok = cascade_ok and layer_cascade_ok
             stack.add_layer(
                 norms[0][0],
                 norms[0][1],
@@ -111,7 +122,7 @@ class NativeStacks:
                 scale,
                 window,
             )
-        return stack
+        return stack, cascade_ok, key_cache.shape[1]
 
 
 def native_stacks(plan: DecodePlan, attns: list) -> NativeStacks | None:

@@ -285,6 +285,7 @@ def test_cascade_steps_take_the_fused_attention(make_checkpoint, monkeypatch):
         model = llm.engine.core.runner.model.model
         llm.generate(prompts[:1], PARAMS, detokenize=False)  # builds the plan; caches the prefix
         assert model.decode_plan not in (None, False), "the plan was not built"
+        model.decode_plan.stacks = None  # the plan's Python loop (test_decode_stack: native)
         if not use_plan:
             model.decode_plan = None
         taken.clear()

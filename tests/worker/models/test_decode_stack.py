@@ -1,6 +1,7 @@
 """The native decode loop (worker/models/decode_stack.py, kernels/cpu/decode_stack.cpp)
 computes what the plan's Python loop computes, bit for bit, on every decode-only
-step it takes; every other step (prefill rows, a cascade) goes to the Python loop."""
+step it takes (a cascade's too); every other step (prefill rows) goes to the
+Python loop."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def test_native_loop_matches_the_plan(make_checkpoint, arch):
     assert all(ran == (not prefill) for _, prefill, ran in steps)
     built = plan.stacks._stacks
     assert set(built) == {id(plan.layers_for(1)), id(plan.layers_for(7))}
-    assert all(s is not None and s.num_layers == len(plan.layers_for(1)) for s in built.values())
+    num_layers = len(plan.layers_for(1))
+    assert all(b is not None and b[0].num_layers == num_layers for b in built.values())
 
 
 @pytest.mark.parametrize(
@@ -114,30 +116,37 @@ def test_a_new_binding_rebuilds_the_stacks(make_checkpoint):
     assert first == _generate(llm, prompts)
 
 
-def test_cascade_steps_take_the_plan_loop(make_checkpoint):
+def test_cascade_steps_run_natively(make_checkpoint, monkeypatch):
     """Ten streams behind one cached 160-token prefix: their decode steps attend it
-    as a cascade, which the native loop does not take."""
+    as a cascade inside the native loop, and produce what the plan's Python loop
+    (the backend's cascade) does."""
     _needs_gemv()
+    from worker.models import decode_stack
+
+    lens: list[int] = []
+    real = decode_stack.cascade_prefix_len
+
+    def traced(metadata, block_size):
+        lens.append(real(metadata, block_size))
+        return lens[-1]
+
+    monkeypatch.setattr(decode_stack, "cascade_prefix_len", traced)
     shared = random_prompts([160], seed=21)[0]
     prompts = [shared + tail for tail in random_prompts([3 + i for i in range(10)], seed=22)]
     engine = {**ENGINE, "max_model_len": 256, "enable_prefix_caching": True}
-    llm = LLM(str(make_checkpoint("llama", dtype=torch.bfloat16, **HEADS_OF_64)), **engine)
-    plan = _plan(llm)
-    llm.generate(prompts[:1], PARAMS, detokenize=False)  # caches the prefix
-    cascades: list[bool] = []  # per decode-only step: a cascade, and ran natively
-    forward = plan.stacks.forward
-
-    def traced(layers, hidden, positions):
-        out = forward(layers, hidden, positions)
-        metadata = forward_context._current
-        if not metadata.prefills:
-            cascades.append((bool(metadata.cascade_blocks), out is not None))
-        return out
-
-    plan.stacks.forward = traced
-    _generate(llm, prompts)
-    assert (True, False) in cascades  # cascade steps: the Python loop
-    assert (True, True) not in cascades
+    results = []
+    for native in (True, False):
+        # A fresh engine each: a second run from cached blocks would prefill in other chunks.
+        llm = LLM(str(make_checkpoint("llama", dtype=torch.bfloat16, **HEADS_OF_64)), **engine)
+        plan = _plan(llm)
+        llm.generate(prompts[:1], PARAMS, detokenize=False)  # caches the prefix
+        if not native:
+            plan.stacks = None
+        lens.clear()
+        results.append(_generate(llm, prompts))
+        assert (max(lens, default=0) == 160) == native  # the whole shared prefix, natively
+        llm.shutdown()
+    assert results[0] == results[1]
 
 
 def test_half_f32_native_loop_matches_the_plan(avx2_cpu, make_checkpoint, monkeypatch):

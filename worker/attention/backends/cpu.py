@@ -28,8 +28,8 @@ from shared import env
 from worker.attention.backends.base import AttentionBackend
 from worker.attention.backends.cpu_bound import bind_cpu_layer
 from worker.attention.backends.cpu_metadata import (
-    CASCADE_MIN_TOKENS,
     CPUAttentionMetadata,
+    cascade_prefix_len,
     decode_only_metadata,
     mixed_metadata,
     shared_leading_blocks,
@@ -202,12 +202,11 @@ class CPUAttentionBackend(AttentionBackend):
         )
 
     def _cascade_prefix_len(self, query, key_cache, plan, sliding_window) -> int:
-        """Tokens of the shared prefix to attend as a cascade, or 0. Every sequence
-        keeps at least its newest token for the per-sequence part."""
+        """Tokens of the shared prefix to attend as a cascade, or 0 (cpu_metadata's
+        cascade_prefix_len, where these layers' kernels take a cascade)."""
         if not plan.cascade_blocks or sliding_window or not self._kernel_prefill(query, key_cache):
             return 0
-        prefix_len = min(plan.cascade_blocks * key_cache.shape[1], plan.decode_min_len - 1)
-        return prefix_len if prefix_len >= CASCADE_MIN_TOKENS else 0
+        return cascade_prefix_len(plan, key_cache.shape[1])
 
     def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
         """Whether prefill rows (and a cascade's prefix) go through the C++ tiles."""

@@ -140,6 +140,7 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
 
     attend.decode_qkv = decode_qkv  # type: ignore[attr-defined]
     # What the native decode loop (kernels/cpu/decode_stack.cpp) binds for this layer
-    # in place of decode_qkv; it takes no cascade (worker/models/decode_stack.py).
-    attend.decode_stack_args = (key_cache, value_cache, scale, window_arg)  # type: ignore[attr-defined]
+    # in place of decode_qkv, and whether its kernels take a cascade (decode_into's
+    # test; the loop asks cpu_metadata.cascade_prefix_len per step).
+    attend.decode_stack_args = (key_cache, value_cache, scale, window_arg, cascade_ok)  # type: ignore[attr-defined]
     return attend

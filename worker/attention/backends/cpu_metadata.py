@@ -26,6 +26,17 @@ def shared_leading_blocks(block_tables: torch.Tensor) -> int:
     return int(same.int().cumprod(0).sum())
 
 
+def cascade_prefix_len(metadata: CPUAttentionMetadata, block_size: int) -> int:
+    """Tokens of the decode rows' shared prefix to attend as a cascade, or 0, for
+    layers whose kernels take one (no sliding window, the prefill tiles' dtype and
+    head shape: the caller checks). Every sequence keeps at least its newest token
+    for the per-sequence part."""
+    if not metadata.cascade_blocks:
+        return 0
+    prefix_len = min(metadata.cascade_blocks * block_size, metadata.decode_min_len - 1)
+    return prefix_len if prefix_len >= CASCADE_MIN_TOKENS else 0
+
+
 @dataclass
 class CPUAttentionMetadata(TorchAttentionMetadata):
     """The reference's metadata (the fallback for head shapes the kernels do not
