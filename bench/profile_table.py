@@ -43,6 +43,13 @@ def profile_table(record: dict[str, Any]) -> list[str]:
             f"Timers: {record.get('timed_calls_per_step', 0):.0f} timed calls per step, "
             f"about {overhead:.2f} ms per step of their own overhead, inside the rows above.",
         ]
+    if any("native loop off" in w for w in record.get("wrapped", [])):
+        lines += [
+            "",
+            "Decode steps ran on the decode plan's Python loop so that each kernel could be "
+            "timed; the engine runs them from one C++ call (worker/models/decode_stack.py), "
+            'without most of "forward glue" and the calls\' own overhead.',
+        ]
     return [*lines, ""]
 
 

@@ -148,3 +148,15 @@ def test_profile_table_exact():
     tables = profile_tables([older, RECORD, {"kind": "serve"}, wall])
     assert tables == profile_table(RECORD) + profile_table(wall)
     assert "(bfloat16, wall time, 2 threads, load average 9.5)" in profile_table(wall)[0]
+
+
+def test_profile_table_says_when_the_native_loop_was_off():
+    off = {**RECORD, "wrapped": ["engine.step", "decode plan's Python loop (the native loop off)"]}
+    extra = profile_table(off)[len(profile_table(RECORD)) - 1 :]
+    assert extra == [
+        "",
+        "Decode steps ran on the decode plan's Python loop so that each kernel could be timed; "
+        "the engine runs them from one C++ call (worker/models/decode_stack.py), without most "
+        'of "forward glue" and the calls\' own overhead.',
+        "",
+    ]
