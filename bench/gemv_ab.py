@@ -2,6 +2,7 @@
 of the same bytes takes, in one process.
 
     python -m bench.gemv_ab [--rows 1 2 3 4] [--reps 15] [--threads 2] [--clock wall|thread]
+        [--old REF]
 
 The weights are SmolLM2-135M's as the engine packs them (30 layers of qkv, o,
 gate/up with its SiLU and down, then the 49152-row LM head; 269 MB in huge
@@ -13,7 +14,9 @@ alternate steps, and the GB/s of its weight bytes; then the read bandwidth of
 the same weights (a C++ loop that only reads, on the same threads, in the same
 step order: what the GEMV could reach).
 `--clock thread` times the calling thread's CPU time (use with --threads 1 on a
-loaded host: other processes on the cores barely change it).
+loaded host: other processes on the cores barely change it). `--old REF`: "old"
+is the GEMV of git REF instead of the panel kernel (gemv_bf16.cpp and its headers
+built apart, under their own name), "new" the working tree's, built the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 
 import torch
 
-from kernels.cpu import load_cpu_kernels, load_gemv_kernels
+from kernels.cpu import isa_flags, load_cpu_kernels, load_gemv_kernels
 from worker.layers import cpu_packed
 
 LAYERS = 30
@@ -51,10 +54,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
+    parser.add_argument("--old", help="git ref whose GEMV is `old` (default: the panel kernel)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     panel, gemv = load_cpu_kernels(), load_gemv_kernels()
+    old_name = "bf16_panel"
+    if args.old:
+        panel, gemv, old_name = gemv_build(args.old), gemv_build(None), "gemv_bf16"
     gen = torch.Generator().manual_seed(0)
     step_weights = weights(gen)
     kinds = [*SHAPES, "lm_head"]
@@ -78,6 +85,8 @@ def main() -> None:
         for kind, w in step_weights[:4] + step_weights[-1:]:
             xin = x[w.shape[1] * 2]
             ref = cpu_packed.packed_linear_silu if kind == "gate_up" else cpu_packed.packed_linear
+            if args.old:
+                ref = getattr(panel, "gemv_bf16_linear" + ("_silu" if kind == "gate_up" else ""))
             old = ref(xin, w, None)
             new = (gemv.gemv_bf16_linear_silu if kind == "gate_up" else gemv.gemv_bf16_linear)(
                 xin, w
@@ -86,7 +95,7 @@ def main() -> None:
         times = {m: {k: [] for k in kinds} for m in ("old", "new")}
         steps_of: dict[str, list[float]] = {"old": [], "new": []}
         for rep in range(args.reps):
-            order = [("old", panel, "bf16_panel"), ("new", gemv, "gemv_bf16")]
+            order = [("old", panel, old_name), ("new", gemv, "gemv_bf16")]
             for which, module, name in order if rep % 2 else order[::-1]:
                 start = clock()
                 step(module, name, x, times[which])
@@ -118,6 +127,44 @@ def main() -> None:
     for kind in kinds:
         best = min(read_times[kind])
         print(f"  {kind:8s} {best * 1e6:7.1f} us ({nbytes[kind] / best / 1e9:5.1f} GB/s)")
+
+
+_GEMV_FILES = ("gemv_bf16.cpp", "vec16.h", "stream_prefetch.h", "linear_fn.h")
+
+
+def gemv_build(ref: str | None):
+    """gemv_bf16.cpp and its headers at git `ref` (None: the working tree), built as
+    a module of their own, named by their content."""
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+
+    root = Path(__file__).resolve().parents[1]
+    files = {}
+    for name in _GEMV_FILES:
+        path = f"kernels/cpu/{name}"
+        if ref is None:
+            files[name] = (root / path).read_bytes()
+            continue
+        shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=root, capture_output=True)
+        if shown.returncode == 0:  # a header the ref's GEMV did not have yet is skipped
+            files[name] = shown.stdout
+    digest = hashlib.sha256(b"".join(k.encode() + v for k, v in sorted(files.items())))
+    tag = digest.hexdigest()[:12]
+    folder = Path("/tmp") / f"pagoda_gemv_ab_{tag}"
+    folder.mkdir(exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return load(
+        name=f"pagoda_gemv_ab_{tag}",
+        sources=[str(folder / "gemv_bf16.cpp")],
+        extra_cflags=isa_flags(),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
+    )
 
 
 _READ_SOURCE = r"""
