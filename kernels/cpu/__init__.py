@@ -288,7 +288,9 @@ _GEMV_SOURCES = [Path(__file__).with_name("gemv_bf16.cpp")]
 @cache
 def load_gemv_kernels(isa: str | None = None) -> ModuleType | None:
     """The 1-4 row bf16 linears over packed panels, or None as load_cpu_kernels."""
-    headers = [Path(__file__).with_name(n) for n in ("vec16.h", "linear_fn.h")] + _STREAM_PREFETCH_HEADERS
+    headers = [
+        Path(__file__).with_name(n) for n in ("vec16.h", "linear_fn.h")
+    ] + _STREAM_PREFETCH_HEADERS
     return _load("pagoda_gemv", _GEMV_SOURCES, headers, isa or env.cpu_isa())
 
 
