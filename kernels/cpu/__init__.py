@@ -45,6 +45,7 @@ _HEADERS = [
         "flash_tile.h",
         "flash_tile_pair.h",
         "flash_tile_f32.h",
+        "kernel_api.h",
         "linear_fn.h",
     )
 ]

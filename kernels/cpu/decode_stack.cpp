@@ -24,26 +24,8 @@
 #include <optional>
 #include <vector>
 
+#include "kernel_api.h"
 #include "linear_fn.h"
-
-void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
-                            const torch::Tensor& value_cache, const torch::Tensor& block_tables,
-                            const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                            torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
-                            const std::optional<torch::Tensor>& prefix_out,
-                            const std::optional<torch::Tensor>& prefix_lse);
-void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_cache,
-                           const torch::Tensor& value_cache, const torch::Tensor& prefix_table,
-                           int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
-                           torch::Tensor& lse, double scale);
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight,
-                           double eps);
-torch::Tensor silu_and_mul(const torch::Tensor& x);
-void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos_cache,
-                   const torch::Tensor& sin_cache, torch::Tensor& key_cache, torch::Tensor& value_cache,
-                   const torch::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
-                   int64_t head_dim);
 
 namespace {
 
