@@ -42,7 +42,8 @@ class NativeStacks:
         self._plan = plan
         self._attns = attns  # each layer's Attention module, whose `_bound` is read per step
         self._bounds: tuple = ()  # the bindings the stacks in `_stacks` were built over
-        # id(layer list) -> (DecodeStack, its layers take a cascade, block size), or None
+        # id(layer list) -> (DecodeStack, whether its layers take a cascade: True, False
+        # or None where only some do, block size), or None: not native
         self._stacks: dict[int, tuple | None] = {}
 
     def forward(self, layers: list[LayerPlan], hidden: torch.Tensor, positions: torch.Tensor):
@@ -62,9 +63,11 @@ class NativeStacks:
             built = self._stacks[id(layers)] = self._build(layers, bounds)
         if built is None:
             return None
-        stack, cascade_ok, block_size = built
+        stack, cascade, block_size = built
         tables = metadata.decode_block_tables
-        prefix_len = cascade_prefix_len(metadata, block_size) if cascade_ok else 0
+        prefix_len = cascade_prefix_len(metadata, block_size) if cascade is not False else 0
+        if prefix_len and cascade is None:
+            return None  # the Python loop: a cascade in some layers (no window), not in others
         return stack.forward(
             hidden,
             positions,
@@ -77,8 +80,8 @@ class NativeStacks:
         )
 
     def _build(self, layers: list[LayerPlan], bounds: tuple) -> tuple | None:
-        """(a DecodeStack over layers with these bindings, whether all of them take a
-        cascade, the caches' block size), or None where one is missing."""
+        """(a DecodeStack over layers with these bindings, whether they take a cascade,
+        the caches' block size), or None where one is missing."""
         first = self._attns[0]
         final = getattr(self._plan.final_norm, "native", None)
         if final is None:
@@ -86,7 +89,7 @@ class NativeStacks:
         stack = self._kernels.DecodeStack(
             first.num_heads, first.num_kv_heads, first.head_dim, final[0], final[1]
         )
-        cascade_ok = True
+        cascades = set()
         for layer, bound, attn in zip(layers, bounds, self._attns, strict=True):
             args = getattr(bound, "decode_stack_args", None)
             norms = [getattr(c, "native", None) for c in (layer.in_norm, layer.post_norm)]
@@ -105,7 +108,7 @@ class NativeStacks:
                 return None
             qkv, o, gate_up, down = linears
             key_cache, value_cache, scale, window, layer_cascade_ok = args
-            cascade_ok = cascade_ok and layer_cascade_ok
+            cascades.add(layer_cascade_ok)
             stack.add_layer(
                 norms[0][0],
                 norms[0][1],
@@ -122,7 +125,8 @@ class NativeStacks:
                 scale,
                 window,
             )
-        return stack, cascade_ok, key_cache.shape[1]
+        cascade = cascades.pop() if len(cascades) == 1 else None
+        return stack, cascade, key_cache.shape[1]
 
 
 def native_stacks(plan: DecodePlan, attns: list) -> NativeStacks | None:

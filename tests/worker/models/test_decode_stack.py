@@ -166,3 +166,31 @@ def test_half_f32_native_loop_matches_the_plan(avx2_cpu, make_checkpoint, monkey
     assert {rows for rows, ran in decode if ran} >= {1, 8, 9, 37}
     assert all(ran == (rows <= 128) for rows, ran in decode)
     assert plan.stacks._stacks[id(plan.layers_for(129))] is None
+
+
+def test_a_cascade_some_layers_cannot_take_goes_to_the_plan_loop(make_checkpoint):
+    """Where only some layers' kernels take a cascade (a window on the others), a
+    step with one runs on the Python loop, which decides layer by layer."""
+    _needs_gemv()
+    shared = random_prompts([160], seed=21)[0]
+    prompts = [shared + tail for tail in random_prompts([3 + i for i in range(10)], seed=22)]
+    engine = {**ENGINE, "max_model_len": 256, "enable_prefix_caching": True}
+    llm = LLM(str(make_checkpoint("llama", dtype=torch.bfloat16, **HEADS_OF_64)), **engine)
+    plan = _plan(llm)
+    llm.generate(prompts[:1], PARAMS, detokenize=False)  # caches the prefix
+    bound = llm.engine.core.runner.model.model.layers[1].self_attn.attn._bound
+    bound.decode_stack_args = (*bound.decode_stack_args[:4], False)
+    plan.stacks._bounds = ()  # rebuild over the changed arguments
+    steps: list[tuple[bool, bool]] = []  # per decode-only step: a cascade, ran natively
+    forward = plan.stacks.forward
+
+    def traced(layers, hidden, positions):
+        out = forward(layers, hidden, positions)
+        metadata = forward_context._current
+        if not metadata.prefills:
+            steps.append((bool(metadata.cascade_blocks), out is not None))
+        return out
+
+    plan.stacks.forward = traced
+    _generate(llm, prompts)
+    assert (True, False) in steps and (True, True) not in steps
