@@ -44,12 +44,7 @@ _BIND = r"""
 #include <algorithm>
 #include <atomic>
 #include <vector>
-void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key_cache,
-                            const torch::Tensor& value_cache, const torch::Tensor& block_tables,
-                            const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
-                            torch::Tensor& out, double scale, int64_t sliding_window, int64_t prefix_len,
-                            const std::optional<torch::Tensor>& prefix_out,
-                            const std::optional<torch::Tensor>& prefix_lse);
+#include "kernel_api.h"  // the working tree's declaration of paged_attention_decode
 typedef int32_t iv8 __attribute__((vector_size(32)));  // native on AVX2 too
 // Every K and V block each sequence attends, whole blocks, summed as int32
 // lanes: sequences longest first dealt out in turn to the threads (as the
@@ -118,13 +113,17 @@ def stage(ref: str | None, folder: Path) -> Path:
                 ["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True
             ).stdout
         )
-        target = folder / name
-        if not target.exists() or target.read_bytes() != data:
-            target.write_bytes(data)
-    bind = folder / "bind.cpp"
-    if not bind.exists() or bind.read_text() != _BIND:
-        bind.write_text(_BIND)
+        _write_if_changed(folder / name, data)
+    _write_if_changed(folder / "bind.cpp", _BIND.encode())
+    # The binding's (the working tree's) declarations, whatever `ref` the kernel is from.
+    _write_if_changed(folder / "kernel_api.h", (ROOT / "kernels/cpu/kernel_api.h").read_bytes())
     return folder
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    """Leaves an unchanged file's mtime alone, so that ninja does not rebuild it."""
+    if not path.exists() or path.read_bytes() != data:
+        path.write_bytes(data)
 
 
 def build(folder: Path, name: str, isa: str):
