@@ -103,7 +103,7 @@ def half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
     return [(limit, bind, with_silu(bind)) for limit, bind in routes]
 
 
-def _binder(kernel, native_fn=None) -> Binder:
+def _binder(kernel, native_fn) -> Binder:
     """kernel(x, packed, bias) bound to a linear's own weight and bias; the call
     carries `native` = (native_fn, packed, bias, False), what the native decode loop
     binds (kernel's C++ entry point capsule, linear_fn.h; no SiLU after it)."""
@@ -114,8 +114,7 @@ def _binder(kernel, native_fn=None) -> Binder:
         def call(x):
             return kernel(x, packed, bias)
 
-        if native_fn is not None:
-            call.native = (native_fn, packed, bias, False)
+        call.native = (native_fn, packed, bias, False)
         return call
 
     return bind
