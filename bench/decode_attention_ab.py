@@ -24,19 +24,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from bench.kernel_sources import kernel_file, write_if_changed
 from bench.workloads import make_workload
 from kernels.cpu import isa_flags
 from worker.huge_pages import huge_page_mapping
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 8
 FILES = ("paged_attention_decode.cpp", "decode_head_tile.h", "vec16.h")
-ROOT = Path(__file__).resolve().parents[1]
 
 _BIND = r"""
 #include <torch/extension.h>
@@ -105,25 +104,14 @@ def stage(ref: str | None, folder: Path) -> Path:
     """The decode kernel's files of git `ref` (None: the working tree) and the binding."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in FILES:
-        path = f"kernels/cpu/{name}"
-        data = (
-            (ROOT / path).read_bytes()
-            if ref is None
-            else subprocess.run(
-                ["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True
-            ).stdout
-        )
-        _write_if_changed(folder / name, data)
-    _write_if_changed(folder / "bind.cpp", _BIND.encode())
+        data = kernel_file(ref, name)
+        if data is None:
+            raise FileNotFoundError(f"kernels/cpu/{name} is not in {ref}")
+        write_if_changed(folder / name, data)
+    write_if_changed(folder / "bind.cpp", _BIND.encode())
     # The binding's (the working tree's) declarations, whatever `ref` the kernel is from.
-    _write_if_changed(folder / "kernel_api.h", (ROOT / "kernels/cpu/kernel_api.h").read_bytes())
+    write_if_changed(folder / "kernel_api.h", kernel_file(None, "kernel_api.h"))
     return folder
-
-
-def _write_if_changed(path: Path, data: bytes) -> None:
-    """Leaves an unchanged file's mtime alone, so that ninja does not rebuild it."""
-    if not path.exists() or path.read_bytes() != data:
-        path.write_bytes(data)
 
 
 def build(folder: Path, name: str, isa: str):

@@ -136,27 +136,20 @@ def gemv_build(ref: str | None):
     """gemv_bf16.cpp and its headers at git `ref` (None: the working tree), built as
     a module of their own, named by their content."""
     import hashlib
-    import subprocess
     from pathlib import Path
 
     from torch.utils.cpp_extension import load
 
-    root = Path(__file__).resolve().parents[1]
-    files = {}
-    for name in _GEMV_FILES:
-        path = f"kernels/cpu/{name}"
-        if ref is None:
-            files[name] = (root / path).read_bytes()
-            continue
-        shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=root, capture_output=True)
-        if shown.returncode == 0:  # a header the ref's GEMV did not have yet is skipped
-            files[name] = shown.stdout
+    from bench.kernel_sources import kernel_file, write_if_changed
+
+    # A header the ref's GEMV did not have yet is skipped.
+    files = {n: d for n in _GEMV_FILES if (d := kernel_file(ref, n)) is not None}
     digest = hashlib.sha256(b"".join(k.encode() + v for k, v in sorted(files.items())))
     tag = digest.hexdigest()[:12]
     folder = Path("/tmp") / f"pagoda_gemv_ab_{tag}"
     folder.mkdir(exist_ok=True)
     for name, data in files.items():
-        (folder / name).write_bytes(data)
+        write_if_changed(folder / name, data)
     return load(
         name=f"pagoda_gemv_ab_{tag}",
         sources=[str(folder / "gemv_bf16.cpp")],
