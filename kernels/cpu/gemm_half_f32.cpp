@@ -155,18 +155,58 @@ void few_rows(const float* x, int64_t rows, const uint16_t* panel, int64_t k_len
   }
 }
 
-// x [rows, K] -> blocks of kMaxRows rows, each [K, kMaxRows] (the last zero-padded):
-// the micro-kernel then broadcasts from one sequential stream instead of six.
-void pack_rows(const float* x, int64_t rows, int64_t k_len, float* packed) {
-  const int64_t blocks = (rows + kMaxRows - 1) / kMaxRows;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+// Row blocks of at most kMaxRows rows, evened out (37 rows: 5 x 5 + 2 x 6, not
+// 6 x 6 + 1): every tile then has at least 8 FMA chains (4+ rows; from 9 rows),
+// so none is latency bound, and no FMAs go to zero padding. A padded last block
+// of 6 made a call at 37 rows take as long as one at 42 (bench/avx2_small_m_ab.py).
+// Each row keeps its own accumulators over the same k order in any tile, so a
+// row's result does not depend on the block it lands in.
+struct RowBlock {
+  int64_t first;
+  int rows;
+};
+
+std::vector<RowBlock> even_blocks(int64_t rows) {
+  const int64_t count = (rows + kMaxRows - 1) / kMaxRows;
+  std::vector<RowBlock> blocks;
+  for (int64_t b = 0, first = 0; b < count; ++b) {
+    const int64_t end = rows * (b + 1) / count;
+    blocks.push_back({first, static_cast<int>(end - first)});
+    first = end;
+  }
+  return blocks;
+}
+
+// Each block of x [rows, K] -> [K, kMaxRows] (its rows, then zeros): the
+// micro-kernel then broadcasts from one sequential stream instead of six.
+void pack_rows(const float* x, const RowBlock* blocks, int64_t count, int64_t k_len, float* packed) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       float* dst = packed + b * k_len * kMaxRows;
-      const int64_t m0 = b * kMaxRows, n = std::min<int64_t>(kMaxRows, rows - m0);
+      const float* src = x + blocks[b].first * k_len;
+      const int n = blocks[b].rows;
       for (int64_t k = 0; k < k_len; ++k)
-        for (int i = 0; i < kMaxRows; ++i) dst[k * kMaxRows + i] = i < n ? x[(m0 + i) * k_len + k] : 0.f;
+        for (int i = 0; i < kMaxRows; ++i) dst[k * kMaxRows + i] = i < n ? src[i * k_len + k] : 0.f;
     }
   });
+}
+
+// One packed row block of `rows` (4-6, even_blocks' sizes from kWidenRows rows)
+// rows against a panel: tile<rows>, from the half bits (widening into `wide` on
+// the way, prefetching `next`) or from `wide`.
+template <typename B, typename T>
+void packed_block(int rows, const float* xb, const T* panel, int64_t k_len, const float* bias, float* out,
+                  int64_t ldo, float* wide = nullptr, const char* next = nullptr) {
+  static_assert(kWidenRows >= 2 * kMaxRows - 3, "even blocks of kWidenRows+ rows have 4+ rows");
+  switch (rows) {
+#define PAGODA_TILE(r) \
+  case r:              \
+    return tile<r, 1, B>(xb, 1, kMaxRows, panel, k_len, bias, out, ldo, wide, next);
+    PAGODA_TILE(4) PAGODA_TILE(5) PAGODA_TILE(6)
+#undef PAGODA_TILE
+    default:
+      TORCH_CHECK(false, "packed_block: ", rows, " rows");
+  }
 }
 
 template <bool kBf16>
@@ -181,23 +221,26 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
     });
     return;
   }
-  // kBlockRows rows at a time against every panel: their packed copy stays in
-  // L2 across the panels. All rows per panel re-streamed x from L3 or DRAM for
-  // each panel (a 1024-row prefill ran at half oneDNN's speed in the engine).
+  // kBlockRows rows (in whole row blocks) at a time against every panel: their
+  // packed copy stays in L2 across the panels. All rows per panel re-streamed x
+  // from L3 or DRAM for each panel (a 1024-row prefill ran at half oneDNN's speed
+  // in the engine).
+  const std::vector<RowBlock> blocks = even_blocks(rows);
+  const int64_t num_blocks = static_cast<int64_t>(blocks.size()), per_pass = kBlockRows / kMaxRows;
   static thread_local std::vector<float> xp;  // reused: no page faults per call
-  for (int64_t m0 = 0; m0 < rows; m0 += kBlockRows) {
-    const int64_t block = std::min(kBlockRows, rows - m0);
-    xp.resize(((block + kMaxRows - 1) / kMaxRows) * kMaxRows * k_len);
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += per_pass) {
+    const int64_t count = std::min(per_pass, num_blocks - b0);
+    const RowBlock* pass = blocks.data() + b0;
+    xp.resize(count * kMaxRows * k_len);
     // A pointer, not xp: inside the lambda `xp` names each worker thread's own copy.
     const float* xb = xp.data();
-    pack_rows(x + m0 * k_len, block, k_len, xp.data());
+    pack_rows(x, pass, count, k_len, xp.data());
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       static thread_local std::vector<float> wide;
       wide.resize(k_len * kPanel);
       for (int64_t p = begin; p < end; ++p) {
         const uint16_t* panel = packed + p * k_len * kPanel;
         const float* b = bias ? bias + p * kPanel : nullptr;
-        float* o = out + m0 * n + p * kPanel;
         // The first row block widens the panel as it goes and leaves it in `wide`
         // for the others, and prefetches the next panel meanwhile: in a decode
         // step the weights come from DRAM, and without the prefetch each panel's
@@ -205,19 +248,13 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
         // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
         // last panel cannot fault.
         const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
-        auto row_block = [&](int64_t m, float* dst, int64_t ld) {
-          if (m == 0)
-            tile<kMaxRows, 1, HalfBits<kBf16>>(xb, 1, kMaxRows, panel, k_len, b, dst, ld, wide.data(), next);
+        for (int64_t i = 0; i < count; ++i) {
+          const float* xi = xb + i * kMaxRows * k_len;
+          float* o = out + pass[i].first * n + p * kPanel;
+          if (i == 0)
+            packed_block<HalfBits<kBf16>>(pass[i].rows, xi, panel, k_len, b, o, n, wide.data(), next);
           else
-            tile<kMaxRows, 1, float>(xb + m * k_len, 1, kMaxRows, wide.data(), k_len, b, dst, ld);
-        };
-        int64_t m = 0;
-        for (; m + kMaxRows <= block; m += kMaxRows) row_block(m, o + m * n, n);
-        if (m < block) {  // the padded last row block, through a scratch tile
-          float last[kMaxRows * kPanel];
-          row_block(m, last, kPanel);
-          for (int64_t i = 0; i < block - m; ++i)
-            std::memcpy(o + (m + i) * n, last + i * kPanel, sizeof(float) * kPanel);
+            packed_block<float>(pass[i].rows, xi, wide.data(), k_len, b, o, n);
         }
       }
     });

@@ -29,10 +29,10 @@ def kernels(request):
 
 HALF = [torch.bfloat16, torch.float16]
 # Every code path: 1-3 rows (two chains), 4-6, 7-8 (several blocks, still
-# widened in registers), 9 up (rows packed, the first row block widens the panel
-# for the others, padded tail), 97 (a second 96-row pass of one row: no first
-# block to widen in, a plain widen loop).
-ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 33, 97]
+# widened in registers), 9 up (rows packed in even blocks of 4-6: 9 = 4 + 5,
+# 37 = 5 x 5 + 2 x 6; the first block widens the panel for the others), 97 and
+# 193 (96-row passes of 16 blocks, then the rest, its first block widening again).
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 33, 37, 97, 193]
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -64,6 +64,19 @@ def test_random_values_match_the_twin_to_float32_rounding(kernels, dtype, rows):
     expected = F.linear(x, weight.float())
     scale = expected.abs().amax(dim=1, keepdim=True)
     assert ((out - expected).abs() / scale).max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_rows_result_does_not_depend_on_its_batch(kernels, dtype):
+    # From 9 rows every row keeps its own accumulators over the same k order,
+    # whatever block (4, 5 or 6 rows) it lands in: bit for bit the same output.
+    gen = torch.Generator().manual_seed(7)
+    weight = (torch.randn(64, 576, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(200, 576, generator=gen)
+    packed = kernels.pack_half_panels(weight)
+    full = kernels.half_panel_linear(x, packed)
+    for rows in (9, 10, 13, 37, 42, 97, 193):
+        assert torch.equal(kernels.half_panel_linear(x[:rows], packed), full[:rows]), rows
 
 
 @pytest.mark.parametrize(
