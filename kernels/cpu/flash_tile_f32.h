@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "vec16.h"
 
@@ -49,9 +50,7 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
                      const F32Context& ctx, float scale, int64_t window, float* out, int64_t out_stride,
                      float* lse = nullptr) {
   constexpr int W = kNativeLanes, V = kF32Vecs;
-  // Keys per score pass and dims per P V pass: 8 independent FMA chains (two
-  // FMA units x 4 cycles of latency), V of them per key or dim.
-  constexpr int kKeyGroup = 8 / V, kDimGroup = 8 / V;
+  static_assert(kF32Keys == 16, "the score groups below split 16 keys");
   const int64_t d = ctx.head_dim;
   alignas(64) static thread_local float zero_row[kF32MaxDim];  // padding keys read this
   vnative qt[kF32MaxDim][V];  // Q^T: V vectors of rows per dim, scaled
@@ -83,21 +82,32 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       vrow[j] = real ? ctx.v_cache + at : zero_row;
     }
     // Scores: each key element broadcast once against the V query vectors of
-    // its dim (4 keys at a time with AVX2, 8 with AVX-512; fewer left half of
-    // an AVX2 core's FMA slots empty, ~40% of the float32 peak on a Zen 3).
+    // its dim, G keys at a time: G x V independent FMA chains. With AVX2 (V = 2)
+    // groups of 6, 6 and 4 keys: 12 chains, against two FMA units x 4 cycles of
+    // latency, where 8 (groups of 4) left no slack for a load's latency (and
+    // fewer, ~40% of the float32 peak on a Zen 3); AVX-512, 8 keys at a time.
+    // Each score sums over the dims in the same order in any group.
     vnative x[kF32Keys][V];
-    for (int j0 = 0; j0 < kF32Keys; j0 += kKeyGroup) {
-      vnative a[kKeyGroup][V] = {};
+    auto score_keys = [&](auto group, int j0) {
+      constexpr int G = decltype(group)::value;
+      vnative a[G][V] = {};
       for (int64_t e = 0; e < d; ++e) {
 #pragma GCC unroll 8
-        for (int jj = 0; jj < kKeyGroup; ++jj) {
+        for (int jj = 0; jj < G; ++jj) {
           const float kv = krow[j0 + jj][e];
 #pragma GCC unroll 2
           for (int h = 0; h < V; ++h) a[jj][h] += kv * qt[e][h];
         }
       }
-      for (int jj = 0; jj < kKeyGroup; ++jj)
+      for (int jj = 0; jj < G; ++jj)
         for (int h = 0; h < V; ++h) x[j0 + jj][h] = a[jj][h];
+    };
+    if constexpr (V == 2) {
+      score_keys(std::integral_constant<int, 6>{}, 0);
+      score_keys(std::integral_constant<int, 6>{}, 6);
+      score_keys(std::integral_constant<int, 4>{}, 12);
+    } else {
+      for (int j0 = 0; j0 < kF32Keys; j0 += 8 / V) score_keys(std::integral_constant<int, 8 / V>{}, j0);
     }
     const bool masked = k0 + kF32Keys - 1 > first_pos || (window > 0 && last_pos - k0 >= window);
     bool drop[kF32Keys][kF32TileRows];
@@ -124,23 +134,33 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       }
       l[h] = l[h] * alpha[h] + sum;
     }
-    // O^T = alpha O^T + V^T P^T, kDimGroup dims at a time over the 16 keys:
-    // each value element broadcast once against the V vectors of P.
-    for (int64_t e0 = 0; e0 < d; e0 += kDimGroup) {
-      vnative acc[kDimGroup][V];
-      for (int i = 0; i < kDimGroup; ++i)
+    // O^T = alpha O^T + V^T P^T, G dims at a time over the 16 keys: each value
+    // element broadcast once against the V vectors of P. With AVX2 6 dims (12
+    // chains), then 4 and 2 for the rest of the head (head_dim % 8 == 0).
+    auto pv_dims = [&](auto group, int64_t e0) {
+      constexpr int G = decltype(group)::value;
+      vnative acc[G][V];
+      for (int i = 0; i < G; ++i)
         for (int h = 0; h < V; ++h) acc[i][h] = ot[e0 + i][h] * alpha[h];
       for (int j = 0; j < kF32Keys; ++j) {
         const float* v = vrow[j] + e0;
 #pragma GCC unroll 8
-        for (int i = 0; i < kDimGroup; ++i) {
+        for (int i = 0; i < G; ++i) {
           const float vi = v[i];
 #pragma GCC unroll 2
           for (int h = 0; h < V; ++h) acc[i][h] += vi * p[j][h];
         }
       }
-      for (int i = 0; i < kDimGroup; ++i)
+      for (int i = 0; i < G; ++i)
         for (int h = 0; h < V; ++h) ot[e0 + i][h] = acc[i][h];
+    };
+    int64_t e0 = 0;
+    if constexpr (V == 2) {
+      for (; e0 + 6 <= d; e0 += 6) pv_dims(std::integral_constant<int, 6>{}, e0);
+      if (e0 + 4 <= d) pv_dims(std::integral_constant<int, 4>{}, e0), e0 += 4;
+      if (e0 + 2 <= d) pv_dims(std::integral_constant<int, 2>{}, e0), e0 += 2;
+    } else {
+      for (; e0 < d; e0 += 8 / V) pv_dims(std::integral_constant<int, 8 / V>{}, e0);
     }
   }
   for (int h = 0; h < V; ++h) {
