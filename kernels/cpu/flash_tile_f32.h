@@ -17,9 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include <immintrin.h>
-
-#include "vec16.h"
+#include "vec16.h"  // and immintrin.h
 
 namespace {
 
