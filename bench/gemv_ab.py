@@ -135,29 +135,11 @@ _GEMV_FILES = ("gemv_bf16.cpp", "vec16.h", "stream_prefetch.h", "linear_fn.h")
 def gemv_build(ref: str | None):
     """gemv_bf16.cpp and its headers at git `ref` (None: the working tree), built as
     a module of their own, named by their content."""
-    import hashlib
-    from pathlib import Path
-
-    from torch.utils.cpp_extension import load
-
-    from bench.kernel_sources import kernel_file, write_if_changed
+    from bench.kernel_sources import kernel_file, load_staged
 
     # A header the ref's GEMV did not have yet is skipped.
     files = {n: d for n in _GEMV_FILES if (d := kernel_file(ref, n)) is not None}
-    digest = hashlib.sha256(b"".join(k.encode() + v for k, v in sorted(files.items())))
-    tag = digest.hexdigest()[:12]
-    folder = Path("/tmp") / f"pagoda_gemv_ab_{tag}"
-    folder.mkdir(exist_ok=True)
-    for name, data in files.items():
-        write_if_changed(folder / name, data)
-    return load(
-        name=f"pagoda_gemv_ab_{tag}",
-        sources=[str(folder / "gemv_bf16.cpp")],
-        extra_cflags=isa_flags(),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(folder),
-        verbose=False,
-    )
+    return load_staged("pagoda_gemv_ab", files, ["gemv_bf16.cpp"], isa_flags())
 
 
 _READ_SOURCE = r"""

@@ -25,37 +25,20 @@ builds (e.g. `prefill-f32` as an AVX2-only CPU runs it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench.kernel_sources import load_staged
 from kernels.cpu import _SOURCES, isa_flags
 
 
 def build(folder: Path, name: str):
-    from torch.utils.cpp_extension import load
-
-    # Keyed by the sources' content: ninja rebuilds by mtime, and a `git archive`
-    # of an older commit has older mtimes than the objects of the last build in a
-    # shared folder, so a reused folder silently kept the previous version.
-    flags = isa_flags()  # PAGODA_CPU_ISA's: under bench/avx2_env.sh, the AVX2 build
-    digest = hashlib.sha256(" ".join(flags).encode())
-    for path in sorted(folder.glob("*.[ch]*")):
-        digest.update(path.name.encode() + path.read_bytes())
-    out = Path("/tmp") / f"pagoda_kernel_ab_{name}_{digest.hexdigest()[:12]}"
-    out.mkdir(exist_ok=True)
-    sources = [str(folder / s.name) for s in _SOURCES]
-    return load(
-        name=name,
-        sources=sources,
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(out),
-        verbose=False,
-    )
+    # PAGODA_CPU_ISA's flags: under bench/avx2_env.sh, the AVX2 build.
+    files = {path.name: path.read_bytes() for path in sorted(folder.glob("*.[ch]*"))}
+    return load_staged(name, files, [s.name for s in _SOURCES], isa_flags())
 
 
 def case(kind: str):
