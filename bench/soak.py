@@ -35,7 +35,7 @@ import grpc
 import httpx
 import psutil
 
-from router.worker_children import free_port
+from shared.ports import free_port
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as wpb_grpc
 

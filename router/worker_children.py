@@ -8,8 +8,11 @@ started the child, and a `kill -9` of this process must leave no worker
 behind either way.
 
 A worker that dies after it started well (the router saw it serving, or it
-lived RESTART_AFTER_S) is started again on its port and cores, after a backoff that doubles up to MAX_BACKOFF_S
-while it keeps dying; the router's health watch takes it back once it serves.
+lived RESTART_AFTER_S) is started again on its port and cores, after a backoff
+that doubles up to MAX_BACKOFF_S while it keeps dying; the router's health
+watch takes it back once it serves. Each worker's ports stay reserved here
+(shared/ports.py) from before its first start until the workers are stopped,
+so no other socket on the machine takes them while a worker loads or restarts.
 One that dies sooner failed to start (bad flags, no memory) and stays down; when
 none is left, serve stops.
 """
@@ -31,6 +34,7 @@ from collections.abc import Callable
 
 from shared.cpu_cores import allowed_cores, format_core_list, node_of, numa_nodes, split_cores
 from shared.logging import get_logger
+from shared.ports import PortReservation
 
 logger = get_logger(__name__)
 
@@ -39,12 +43,6 @@ _PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 60.0
 RESTART_AFTER_S = 5.0
 MAX_BACKOFF_S = 30.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _before_exec(cores: list[int] | None) -> None:
@@ -85,9 +83,12 @@ class WorkerChildren:
         self._flags = flags
         if redis_url:
             self._flags = [*flags, "--redis-url", redis_url, "--redis-prefix", redis_prefix]
-        self.ports = [free_port() for _ in range(num_workers)]
+        # Held until kill(): a port that is free now may not be in the seconds
+        # before a worker binds it (a worker that fails to bind is not restarted).
+        self._reservations = [PortReservation() for _ in range(2 * num_workers)]
+        self.ports = [r.port for r in self._reservations[:num_workers]]
         self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
-        self.metrics_ports = [free_port() for _ in range(num_workers)]
+        self.metrics_ports = [r.port for r in self._reservations[num_workers:]]
         # Each worker's own id (its default: HOSTNAME-PORT), as the router's other
         # per-worker series and the x-pagoda-worker header name it.
         self.worker_ids = [f"{socket.gethostname()}-{port}" for port in self.ports]
@@ -264,3 +265,5 @@ class WorkerChildren:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+        for reservation in self._reservations:
+            reservation.close()

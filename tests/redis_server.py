@@ -13,9 +13,10 @@ import redis
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server a test starts in another process: drawn below the
+    ephemeral range, so that no outgoing connection of the run takes it as its
+    source port in the seconds before that process binds it."""
+    return free_port_run(1)
 
 
 def free_port_run(count: int, low: int = 20000, high: int = 32000) -> int:

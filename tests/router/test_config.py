@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import socket
 
 import pytest
 
@@ -92,3 +93,18 @@ def test_tensor_parallel_workers_get_a_core_per_rank():
     assert assign(2, "cpu", "0-3", [None, None], 2) == [[0, 1], [2, 3]]
     # Two cores for two TP=2 workers: each gets both, shared.
     assert assign(2, "cpu", "0,1", [None, None], 2) == [[0, 1], [0, 1]]
+
+
+def test_serve_holds_its_workers_ports_until_they_are_killed():
+    from router.worker_children import WorkerChildren
+
+    children = WorkerChildren(2, [], None, "test:", device="cpu")
+    ports = children.ports + children.metrics_ports
+    assert len(set(ports)) == 4
+    for port in ports:
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+    children.kill()  # no process started: only the ports go
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 
 from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
+from shared.ports import free_port
 from worker.config import DEFAULT_MASTER_PORT, DeviceConfig, ParallelConfig
 from worker.executor.rank_worker import RankPlacement
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def device_type(config: DeviceConfig) -> torch.device:

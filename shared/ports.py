@@ -1,0 +1,42 @@
+"""Loopback ports for servers another process will bind.
+
+`free_port()` binds port 0 and closes: the port is free at that moment only.
+A child that binds it a few seconds later can find it taken, since every
+outgoing connection on the machine draws its source port from the same
+ephemeral range (and so does any other bind to port 0).
+
+`PortReservation` closes that window: it keeps a socket bound to the port,
+not listening, with SO_REUSEADDR. On Linux the kernel then hands the port
+to no bind(0) and no connect(), while a server that sets SO_REUSEADDR itself
+(gRPC's and the stdlib's HTTP servers do) may still bind and listen on it —
+and may again after it restarts, as long as the reservation is held.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class PortReservation:
+    """A port held for a server in another process until close()."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        self.port: int = self._socket.getsockname()[1]
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
