@@ -86,7 +86,11 @@ def test_a_failure_before_the_first_token_moves_the_request_unseen(faulty_cluste
     for i in range(4):
         for stream in (False, True):
             raw = client.completions.with_raw_response.create(
-                model=MODEL, prompt=f"retry me {i}", max_tokens=4, stream=stream
+                model=MODEL,
+                prompt=f"retry me {i}",
+                max_tokens=4,
+                stream=stream,
+                extra_body={"ignore_eos": True},  # sampled: an EOS would end it early
             )
             assert raw.status_code == 200 and raw.headers["x-pagoda-worker"] != "a-faulty"
             if stream:
@@ -106,7 +110,9 @@ def test_a_failure_after_the_first_token_resumes_the_request_elsewhere(faulty_cl
     faulty, router, client = faulty_cluster
     faulty.mode, moved = "after", migrations(router)
     # Whole answers: the faulty worker's token stands; the real worker generates the rest.
-    whole = client.completions.with_raw_response.create(model=MODEL, prompt="whole", max_tokens=4)
+    whole = client.completions.with_raw_response.create(
+        model=MODEL, prompt="whole", max_tokens=4, extra_body={"ignore_eos": True}
+    )
     assert whole.headers["x-pagoda-worker"] != "a-faulty"
     assert whole.parse().usage.completion_tokens == 4
     assert whole.parse().choices[0].finish_reason == "length"
@@ -119,6 +125,7 @@ def test_a_failure_after_the_first_token_resumes_the_request_elsewhere(faulty_cl
         max_tokens=4,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     ) as raw:
         assert raw.headers["x-pagoda-worker"] == "a-faulty"
         chunks = list(raw.parse())
