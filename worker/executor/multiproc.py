@@ -29,7 +29,7 @@ from shared.logging import get_logger
 from worker.config import EngineConfig
 from worker.executor.base import Executor, ExecutorFailure
 from worker.executor.model_plan import ModelPlan
-from worker.executor.placement import device_type, local_placements, rendezvous_address
+from worker.executor.placement import device_type, local_placements, reserve_rendezvous
 from worker.executor.rank_group import SHUTDOWN, LocalRankGroup
 from worker.executor.step_relay import StepRelayServer, relay_port
 from worker.runner.kv_budget import KVBudget
@@ -57,7 +57,7 @@ class MultiprocExecutor(Executor):
         device = device_type(config.device)
         plan = ModelPlan.make(config, device)  # config errors before any process starts
         self.spec, self.dtype, self.max_model_len = plan.spec, plan.dtype, plan.max_model_len
-        self.rendezvous = rendezvous_address(parallel)
+        self.rendezvous, self._rendezvous_port = reserve_rendezvous(parallel)
         placements = local_placements(parallel, device, self.rendezvous, config.device.cpu_cores)
         self._failure: ExecutorFailure | None = None
         self._is_closed = False
@@ -76,6 +76,9 @@ class MultiprocExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
+        finally:  # rank 0 listens on it now, or start-up failed
+            if self._rendezvous_port is not None:
+                self._rendezvous_port.close()
         self._monitor = threading.Thread(
             target=self._watch, name="pagoda-rank-monitor", daemon=True
         )

@@ -8,7 +8,7 @@ import torch
 
 from shared.cpu_cores import parse_core_list
 from shared.errors import ConfigError
-from shared.ports import free_port
+from shared.ports import PortReservation
 from worker.config import DEFAULT_MASTER_PORT, DeviceConfig, ParallelConfig
 from worker.executor.rank_worker import RankPlacement
 
@@ -25,10 +25,20 @@ def device_type(config: DeviceConfig) -> torch.device:
 
 
 def rendezvous_address(parallel: ParallelConfig) -> str:
-    port = parallel.master_port
-    if port is None:
-        port = free_port() if parallel.nnodes == 1 else DEFAULT_MASTER_PORT
+    """Where the group meets: --master-addr and --master-port, or vLLM's default
+    port across nodes (each node must name the same one)."""
+    port = parallel.master_port if parallel.master_port is not None else DEFAULT_MASTER_PORT
     return f"tcp://{parallel.master_addr}:{port}"
+
+
+def reserve_rendezvous(parallel: ParallelConfig) -> tuple[str, PortReservation | None]:
+    """The rendezvous of a group, and on one node without --master-port a free port
+    for it, held until the caller closes the reservation: rank 0 binds it seconds
+    later, once its process has started (shared/ports.py)."""
+    if parallel.master_port is not None or parallel.nnodes > 1:
+        return rendezvous_address(parallel), None
+    reservation = PortReservation(parallel.master_addr)
+    return f"tcp://{parallel.master_addr}:{reservation.port}", reservation
 
 
 def split_cores(cores: list[int], num_ranks: int) -> list[tuple[int, ...]]:

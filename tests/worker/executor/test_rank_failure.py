@@ -18,12 +18,12 @@ from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
 from tests.cluster import PagodaProcess
 from tests.conftest import random_prompts, wait_for
+from tests.redis_server import free_port
 from tests.worker.service.conftest import request
 from worker import SamplingParams
 from worker.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.executor import ExecutorFailure
-from worker.executor.placement import free_port
 from worker.service.background import BackgroundWorker
 from worker.service.config import WorkerServiceConfig
 
