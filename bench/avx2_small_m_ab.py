@@ -26,15 +26,14 @@ each side with per-pair ratios: new/old and new/onednn.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench.kernel_sources import load_staged
 from bench.small_m_ab import KINDS, LAYERS, LM_HEAD, SHAPES, flops
 
 _PEAK = r"""
@@ -78,31 +77,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 def build(folder: Path | None, tag: str, source_name: str = "gemm_half_f32.cpp"):
     """folder's source_name (with the folder's headers) as its own module (folder
-    None: the FMA peak loop)."""
-    from torch.utils.cpp_extension import load
-
+    None: the FMA peak loop), keyed by content (bench/kernel_sources.load_staged)."""
     from kernels.cpu import isa_flags
 
-    key = hashlib.sha1(
-        f"{folder.resolve() if folder else 'peak'}|{source_name}".encode()
-    ).hexdigest()[:8]
-    out = Path("/tmp") / f"pagoda_avx2_small_m_ab_{tag}_{key}"
-    out.mkdir(parents=True, exist_ok=True)
-    source = out / (source_name if folder else "peak.cpp")
     if folder:
-        for header in folder.glob("*.h"):
-            shutil.copyfile(header, out / header.name)
-        shutil.copyfile(folder / source_name, source)
+        files = {h.name: h.read_bytes() for h in folder.glob("*.h")}
+        files[source_name] = (folder / source_name).read_bytes()
     else:
-        source.write_text(_PEAK)
-    return load(
-        name=f"pagoda_avx2_small_m_ab_{tag}_{key}",
-        sources=[str(source)],
-        extra_cflags=isa_flags("avx2"),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(out),
-        verbose=False,
-    )
+        files, source_name = {"peak.cpp": _PEAK.encode()}, "peak.cpp"
+    return load_staged(f"pagoda_avx2_small_m_ab_{tag}", files, [source_name], isa_flags("avx2"))
 
 
 def half_side(folder: Path, tag: str):

@@ -25,11 +25,10 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from bench.kernel_sources import kernel_file, write_if_changed
+from bench.kernel_sources import kernel_file, load_staged
 from bench.workloads import make_workload
 from kernels.cpu import isa_flags
 from worker.huge_pages import huge_page_mapping
@@ -100,31 +99,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
-def stage(ref: str | None, folder: Path) -> Path:
-    """The decode kernel's files of git `ref` (None: the working tree) and the binding."""
-    folder.mkdir(parents=True, exist_ok=True)
+def build(ref: str | None, isa: str):
+    """The decode kernel's files of git `ref` (None: the working tree) with the
+    binding, built with the flags of `isa` (bench/kernel_sources.load_staged)."""
+    files = {}
     for name in FILES:
         data = kernel_file(ref, name)
         if data is None:
             raise FileNotFoundError(f"kernels/cpu/{name} is not in {ref}")
-        write_if_changed(folder / name, data)
-    write_if_changed(folder / "bind.cpp", _BIND.encode())
+        files[name] = data
+    files["bind.cpp"] = _BIND.encode()
     # The binding's (the working tree's) declarations, whatever `ref` the kernel is from.
-    write_if_changed(folder / "kernel_api.h", kernel_file(None, "kernel_api.h"))
-    return folder
-
-
-def build(folder: Path, name: str, isa: str):
-    from torch.utils.cpp_extension import load
-
-    return load(
-        name=name,
-        sources=[str(folder / "bind.cpp"), str(folder / FILES[0])],
-        extra_cflags=isa_flags(isa),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(folder),
-        verbose=False,
-    )
+    files["kernel_api.h"] = kernel_file(None, "kernel_api.h")
+    return load_staged(f"pagoda_dattn_{isa}", files, ["bind.cpp", FILES[0]], isa_flags(isa))
 
 
 def mixed_lens(num_seqs: int) -> list[int]:
@@ -183,9 +170,8 @@ def main() -> None:
     ]
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    tmp = Path("/tmp") / f"pagoda_dattn_ab_{os.getuid()}_{args.isa}"
-    old = build(stage(args.old, tmp / "old"), f"pagoda_dattn_old_{args.isa}", args.isa)
-    new = build(stage(None, tmp / "new"), f"pagoda_dattn_new_{args.isa}", args.isa)
+    old = build(args.old, args.isa)
+    new = build(None, args.isa)
     gen = torch.Generator().manual_seed(0)
     print(
         f"load {os.getloadavg()[0]:.2f}, threads {args.threads}, {args.dtype}, isa {args.isa}, "
