@@ -10,7 +10,8 @@
 set -euo pipefail
 MODEL=${1:?usage: bench/serve_cores.sh MODEL_DIR [OUT_DIR]}
 OUT=${2:-bench/results/serve-cores}
-PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+# A port below the ephemeral range: each pass starts a server on it again.
+PORT=${PORT:-$(python -c "from shared.ports import free_port_run; print(free_port_run())")}
 REPEAT=${REPEAT:-2}
 PAGODA=(python -m shared.cli)
 mkdir -p "$OUT"

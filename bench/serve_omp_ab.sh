@@ -18,7 +18,8 @@
 set -euo pipefail
 MODEL=${1:?usage: bench/serve_omp_ab.sh MODEL_DIR [OUT_DIR]}
 OUT=${2:-bench/results/serve-omp}
-PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+# A port below the ephemeral range: each pass starts a server on it again.
+PORT=${PORT:-$(python -c "from shared.ports import free_port_run; print(free_port_run())")}
 REPEAT=${REPEAT:-3}
 NUM_REQUESTS=${NUM_REQUESTS:-6}
 read -r -a VARIANTS <<<"${VARIANTS:-default passive spin10k}"

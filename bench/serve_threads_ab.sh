@@ -13,7 +13,8 @@ MODEL=${1:?usage: bench/serve_threads_ab.sh MODEL_DIR OLD_TREE NEW_TREE [OUT_DIR
 OLD=${2:?old tree}
 NEW=${3:?new tree}
 OUT=${4:-bench/results/serve-threads}
-PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+# A port below the ephemeral range: each pass starts a server on it again.
+PORT=${PORT:-$(python -c "from shared.ports import free_port_run; print(free_port_run())")}
 REPEAT=${REPEAT:-3}
 NUM_REQUESTS=${NUM_REQUESTS:-12}
 WORKLOAD=${WORKLOAD:-mixed}

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import random
 import shutil
-import socket
 import subprocess
 import time
 
 import redis
+
+from shared.ports import free_port_run
 
 
 def free_port() -> int:
@@ -17,25 +16,6 @@ def free_port() -> int:
     ephemeral range, so that no outgoing connection of the run takes it as its
     source port in the seconds before that process binds it."""
     return free_port_run(1)
-
-
-def free_port_run(count: int, low: int = 20000, high: int = 32000) -> int:
-    """The first of `count` consecutive free ports, drawn below Linux's ephemeral
-    range (32768+): a process that listens on a port derived from another (the
-    step relay on master port + 1) cannot rely on bind(0), whose neighbours any
-    outgoing connection in the run may take as its source port."""
-    rng = random.Random()
-    for _ in range(200):
-        first = rng.randrange(low, high - count)
-        try:
-            with contextlib.ExitStack() as held:
-                for port in range(first, first + count):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports in {low}-{high}")
 
 
 def answers(url: str) -> bool:

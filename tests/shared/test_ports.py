@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
 import urllib.request
@@ -11,7 +12,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from shared.ports import PortReservation
+from shared.ports import PortReservation, free_port_run
 
 
 def _plain_bind(port: int) -> None:
@@ -53,3 +54,11 @@ def test_the_metrics_server_binds_a_reserved_port():
             server.shutdown()
             server.server_close()
             thread.join(5)
+
+
+def test_a_port_run_is_free_and_below_the_ephemeral_range():
+    first = free_port_run(3)
+    assert first >= 20000 and first + 3 <= 32000
+    with contextlib.ExitStack() as held:
+        for port in range(first, first + 3):
+            held.enter_context(socket.socket()).bind(("127.0.0.1", port))

@@ -3,9 +3,9 @@ a headless `pagoda worker --node-rank 1` runs rank 1; same tokens as transformer
 
 from __future__ import annotations
 
+from shared.ports import free_port_run
 from tests.cluster import PagodaProcess
 from tests.conftest import random_prompts
-from tests.redis_server import free_port_run
 from worker import LLM, SamplingParams
 from worker.executor.step_relay import relay_port
 
