@@ -33,16 +33,18 @@
 
 namespace {
 
-inline bool weights_into_l2() {
-  static const bool zen4 = [] {
-    unsigned eax, ebx, ecx, edx;
-    if (!__builtin_cpu_is("amd") || !__builtin_cpu_supports("avx512f") || !__get_cpuid(1, &eax, &ebx, &ecx, &edx))
-      return false;
-    const unsigned base = (eax >> 8) & 0xf, family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
-    return family == 25;
-  }();
-  return zen4;
+inline bool is_zen4() {
+  __builtin_cpu_init();  // may run before libgcc's own constructor: kWeightsIntoL2 is set at load
+  unsigned eax, ebx, ecx, edx;
+  if (!__builtin_cpu_is("amd") || !__builtin_cpu_supports("avx512f") || !__get_cpuid(1, &eax, &ebx, &ecx, &edx))
+    return false;
+  const unsigned base = (eax >> 8) & 0xf, family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+  return family == 25;
 }
+
+// Read once, when the module loads: prefetch_weight_line tests it per line, where
+// a function-local static would add its guard check to every prefetch.
+const bool kWeightsIntoL2 = is_zen4();
 
 inline bool stream_weights_nta() {
   static const bool amd = __builtin_cpu_is("amd");
@@ -54,7 +56,7 @@ inline bool stream_weights_nta() {
 inline void prefetch_weight_line(const void* p, bool nta) {
   if (!nta)
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
-  else if (weights_into_l2())
+  else if (kWeightsIntoL2)
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T2);
   else
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_NTA);
