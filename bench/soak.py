@@ -35,7 +35,7 @@ import grpc
 import httpx
 import psutil
 
-from shared.ports import free_port
+from shared.ports import free_port_run
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as wpb_grpc
 
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             from bench.checkpoints import build_random_checkpoint
 
             model = build_random_checkpoint(Path(tmp) / "tiny", "llama")
-        port = free_port()
+        port = free_port_run()
         process, pids, ports = start_serve(model, Path(tmp) / "serve.log", port)
         try:
             result = asyncio.run(soak(args, f"http://127.0.0.1:{port}", pids, ports, process.pid))

@@ -1,6 +1,6 @@
 """Loopback ports for servers another process will bind.
 
-`free_port()` binds port 0 and closes: the port is free at that moment only.
+A port found free by binding port 0 and closing is free at that moment only.
 A child that binds it a few seconds later can find it taken, since every
 outgoing connection on the machine draws its source port from the same
 ephemeral range (and so does any other bind to port 0).
@@ -23,12 +23,6 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def free_port_run(count: int = 1, low: int = 20000, high: int = 32000) -> int:
