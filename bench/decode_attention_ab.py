@@ -13,8 +13,8 @@ decode step that runs that many sequences (prompt + tokens so far). Per count it
 prints best and median ms per step (30 layers) of old and new, called in
 alternate order, and the KV GB/s and % of `read`: a loop that only reads the same
 blocks on the same threads, each prefetching its blocks 8 ahead into L2 (what the
-kernel could reach: on a Zen 4 ~36 GB/s, the machine's read bandwidth; stops
-before 45 prefetched into L1 and read ~20, which the kernel matched).
+kernel could reach: on a Zen 4 25-30 GB/s at 16-64 sequences, where the kernel
+reads ~20; stops before 45 prefetched into L1 and read ~20 too).
 On a loaded host use `--threads 1 --clock thread` (the caller's CPU time), and
 `--hot` (every layer on layer 0's cache) to see the compute alone.
 """
