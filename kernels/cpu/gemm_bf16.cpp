@@ -173,6 +173,26 @@ struct RowBlock {
   int rows;
 };
 
+// The next row pair's x, fetched into L2 a few lines per k step while the
+// current pair runs against the first group of panels: a prefill step's x comes
+// from L3 or DRAM, and 16-row tile loads at a stride of K are no pattern for the
+// hardware prefetcher.
+struct RowPrefetch {
+  const char* base[2] = {};
+  int64_t lines[2] = {};
+  int64_t done = 0;
+  int per_step = 0;
+
+  void step() {
+    for (int n = 0; n < per_step; ++n, ++done) {
+      const int part = done < lines[0] ? 0 : 1;
+      const int64_t line = part == 0 ? done : done - lines[0];
+      if (part == 1 && line >= lines[1]) return;
+      _mm_prefetch(base[part] + 64 * line, _MM_HINT_T1);
+    }
+  }
+};
+
 // One or two 16-row blocks x one panel, over all of K (a multiple of 32); out
 // points at the first block's first row.
 // pipe (may be null): a pending SiLU, advanced at each k step while the tile
@@ -180,7 +200,7 @@ struct RowBlock {
 // meet it); later row pairs find it in L2.
 template <int kBlocks>
 void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
-                     int64_t ldo, SiluPipe* pipe, bool prefetch) {
+                     int64_t ldo, SiluPipe* pipe, bool prefetch, RowPrefetch* ahead) {
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (kBlocks == 2) {
@@ -213,6 +233,7 @@ void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, c
       _tile_dpbf16ps(3, 5, 7);
     }
     if (pipe != nullptr) pipe->step(pipe->per_step);
+    if (ahead != nullptr) ahead->step();
   }
   alignas(64) float c[kBlocks][16][kPanel];
   _tile_stored(0, &c[0][0][0], kPanel * 4);
@@ -268,13 +289,26 @@ void amx_linear(const uint16_t* x, int64_t m, int64_t k, int64_t units, int64_t 
           for (int64_t i = c0; i < c1; i += 2) {
             const bool two = i + 1 < c1;
             const int rows = blocks[i].rows + (two ? blocks[i + 1].rows : 0);
-            for (int64_t u = u0; u < std::min(end, u0 + group); ++u)
+            const int64_t u1 = std::min(end, u0 + group);
+            // The first group meets each row pair first: it fetches the next.
+            RowPrefetch ahead;
+            const bool fetch = u0 == begin && i + 2 < b1;
+            if (fetch) {
+              for (int h = 0; h < 2 && i + 2 + h < b1; ++h) {
+                ahead.base[h] = reinterpret_cast<const char*>(blocks[i + 2 + h].x);
+                ahead.lines[h] = (blocks[i + 2 + h].rows * k * 2 + 63) / 64;
+              }
+              const int64_t steps = (u1 - u0) * panels_per_unit * (k / 32);
+              ahead.per_step = static_cast<int>((ahead.lines[0] + ahead.lines[1] + steps - 1) / steps);
+            }
+            for (int64_t u = u0; u < u1; ++u)
               unit(u, blocks[i].first_row, rows, &pipe,
                    [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
+                     RowPrefetch* a = fetch ? &ahead : nullptr;
                      if (two)
-                       amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo, &pipe, i == c0);
+                       amx_panel_block<2>(&blocks[i], k, panel, b, o, ldo, &pipe, i == c0, a);
                      else
-                       amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo, &pipe, i == c0);
+                       amx_panel_block<1>(&blocks[i], k, panel, b, o, ldo, &pipe, i == c0, a);
                    });
           }
       }
