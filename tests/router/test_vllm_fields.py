@@ -330,7 +330,9 @@ def test_priority_reorders_a_saturated_workers_queue(special):
             pass
         return time.monotonic()
 
-    async def main() -> list[int]:
+    async def trial() -> tuple[list[int], float]:
+        """The order the three started in, and how long before the long request's
+        end the high-priority one was sent."""
         client = special.async_client()
         started: list[int] = []
         long = asyncio.create_task(first_token_time(client, 0, 200, started))
@@ -341,11 +343,23 @@ def test_priority_reorders_a_saturated_workers_queue(special):
         # request's remaining ~70-95 ms (200 tokens of the tiny model on a 2-core
         # machine): 50 ms here left 20-45 ms, and low sometimes started first.
         await asyncio.sleep(0.01)
+        sent = time.monotonic()
         high = asyncio.create_task(first_token_time(client, -5, 4, started))
-        await asyncio.gather(long, low, high)
-        return started
+        long_end, _, _ = await asyncio.gather(long, low, high)
+        return started, long_end - sent
 
-    assert asyncio.run(main()) == [0, -5, 5]
+    # Low first counts against the policy only where high was sent well before the
+    # long request ended: on a loaded host the long request (max-model-len caps it)
+    # can end before high reaches the worker's queue, and then low rightly goes
+    # first (one CI run did); such a trial is run again.
+    margins = []
+    for _ in range(5):
+        order, margin = asyncio.run(trial())
+        if order == [0, -5, 5]:
+            return
+        assert margin < 0.04, f"high was sent {margin * 1000:.0f} ms before the long request ended"
+        margins.append(round(margin * 1000, 1))
+    pytest.fail(f"the long request ended too soon after high was sent every time (ms): {margins}")
 
 
 def test_priority_needs_the_priority_policy(served):
