@@ -220,7 +220,7 @@ void amx_panel_block(const RowBlock* blocks, int64_t k, const uint16_t* panel, c
     // not evict the row pair's A from L1, which at K = 576 (36 KB) then serves
     // every panel of the group. Both changes together, at 4096 rows of 10 SmolLM2
     // layers on an AMX Xeon (family 6 model 167), 5 alternating passes: qkv 20.4
-    // -> 18.3 ms, o 10.7 -> 9.1, gate/up 66.2 -> 54.4 (2.7 TFLOP/s), down (K =
+    // -> 18.3 ms, o 10.7 -> 9.4, gate/up 66.2 -> 54.4 (2.7 TFLOP/s), down (K =
     // 1536: A is 96 KB) 31.6 -> 31.9; either alone: 1.01x and 0.97x the time.
     _tile_stream_loadd(6, b, 128);
     _tile_stream_loadd(7, b + kPanel, 128);
