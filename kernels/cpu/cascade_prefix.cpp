@@ -141,11 +141,9 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   const float fscale = static_cast<float>(scale);
   const int32_t* table = prefix_table.data_ptr<int32_t>();
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<uint16_t> k_own, v_own;  // one KV head's packed prefix
-    if (k_own.size() < static_cast<size_t>(chunks * lay.chunk_elems)) {
-      k_own.resize(chunks * lay.chunk_elems);
-      v_own.resize(chunks * lay.chunk_elems);
-    }
+    thread_local LineBuffer k_scratch, v_scratch;  // one KV head's packed prefix
+    uint16_t* const k_own = k_scratch.get(chunks * lay.chunk_elems);
+    uint16_t* const v_own = v_scratch.get(chunks * lay.chunk_elems);
     auto work = [&](auto amx_tag) {
       constexpr bool kAmx = decltype(amx_tag)::value;
       for (int64_t t = t0; t < t1; ++t) {
@@ -153,13 +151,13 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
         for (int64_t n = items * t / threads; n < items * (t + 1) / threads; ++n) {
           const int64_t h = n / tiles, first = h * rows + (n % tiles) * tile;
           if (h != packed) {
-            pack_context(kc, vc, table, prefix_len, h, lay, k_own.data(), v_own.data());
+            pack_context(kc, vc, table, prefix_len, h, lay, k_own, v_own);
             packed = h;
           }
           const int count = static_cast<int>(std::min<int64_t>(tile, (h + 1) * rows - first));
           // Every row at position prefix_len - 1: all prefix keys, none of the padding.
-          attend_rows<kAmx, float>(q_rows.data() + first * d, d, count, prefix_len - 1, 0, k_own.data(),
-                                   v_own.data(), lay, fscale, 0, o + first * d, d, l + first);
+          attend_rows<kAmx, float>(q_rows.data() + first * d, d, count, prefix_len - 1, 0, k_own,
+                                   v_own, lay, fscale, 0, o + first * d, d, l + first);
         }
       }
     };

@@ -139,14 +139,12 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   const int64_t chunks = chunk_base[num_seqs];
   // Kept between calls (one per layer per step): a fresh multi-MB buffer each
   // time would go back to the OS and fault its pages in again.
-  static std::vector<uint16_t> k_packed, v_packed;
+  static LineBuffer k_scratch, v_scratch;
   static std::mutex scratch_mutex;  // two engines in one process must not share it mid-call
   std::lock_guard<std::mutex> lock(scratch_mutex);
   const size_t packed_elems = static_cast<size_t>(lay.num_kv_heads * chunks * lay.chunk_elems);
-  if (k_packed.size() < packed_elems) {
-    k_packed.resize(packed_elems);
-    v_packed.resize(packed_elems);
-  }
+  uint16_t* const k_packed = k_scratch.get(packed_elems);
+  uint16_t* const v_packed = v_scratch.get(packed_elems);
   const auto* kc = reinterpret_cast<const uint16_t*>(key_cache.data_ptr());
   const auto* vc = reinterpret_cast<const uint16_t*>(value_cache.data_ptr());
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -155,7 +153,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
       const int64_t s = t / lay.num_kv_heads, h = t % lay.num_kv_heads;
       const int64_t base = h * chunks + chunk_base[s];
       pack_context(kc, vc, tables + s * block_tables.size(1), lens[s], h, lay,
-                   k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems);
+                   k_packed + base * lay.chunk_elems, v_packed + base * lay.chunk_elems);
     }
   });
 
@@ -178,7 +176,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
           const int64_t row = it.first_row + t;
           attend_rows<kAmx>(q + row * q_stride + it.head * lay.head_dim, q_stride,
                             static_cast<int>(std::min<int64_t>(step, it.rows - t)), first_pos + t, 1,
-                            k_packed.data() + base * lay.chunk_elems, v_packed.data() + base * lay.chunk_elems,
+                            k_packed + base * lay.chunk_elems, v_packed + base * lay.chunk_elems,
                             lay, fscale, sliding_window, o + row * row_stride + it.head * lay.head_dim, row_stride);
         }
       }
