@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from shared.ports import free_port_run
 from tests.conftest import wait_for
-from tests.redis_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Generous: a cold machine compiles the CPU attention kernel on first use (~40 s).
@@ -106,13 +106,13 @@ def start_router(
     subcommand: str, args: list[str], log_path: Path, env: dict | None = None
 ) -> RouterProcess:
     """`pagoda serve` or `pagoda router` on free ports (not waited for)."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_port_run(), free_port_run()
     flags = ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
     return RouterProcess(PagodaProcess(subcommand, [*args, *flags], log_path, env), port, grpc_port)
 
 
 def start_worker(model: Path, args: list[str], log_path: Path) -> PagodaProcess:
-    port = free_port()
+    port = free_port_run()
     flags = ["--model", str(model), "--host", "127.0.0.1", f"--port={port}", *ENGINE_FLAGS]
     return PagodaProcess("worker", [*flags, *args], log_path)
 

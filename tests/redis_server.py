@@ -11,13 +11,6 @@ import redis
 from shared.ports import free_port_run
 
 
-def free_port() -> int:
-    """A port for a server a test starts in another process: drawn below the
-    ephemeral range, so that no outgoing connection of the run takes it as its
-    source port in the seconds before that process binds it."""
-    return free_port_run(1)
-
-
 def answers(url: str) -> bool:
     try:
         return bool(
@@ -31,7 +24,7 @@ class RedisServer:
     """`start()`/`stop()` may be repeated: the port stays, the data does not (no persistence)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or free_port_run()
         self.process: subprocess.Popen | None = None
 
     @staticmethod

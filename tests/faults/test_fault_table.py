@@ -18,12 +18,12 @@ import grpc
 import httpx
 import pytest
 
+from shared.ports import free_port_run
 from shared.proto.pagoda.worker.v1 import worker_pb2 as wpb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as wpb_grpc
 from tests.cluster import PagodaProcess, start_router, start_worker, stop_all, wait_serving
 from tests.conftest import wait_for
 from tests.faults.traffic import Traffic
-from tests.redis_server import free_port
 from tests.router.conftest import API_KEY, MODEL
 
 pytestmark = pytest.mark.slow  # each row runs its own processes for ~20-40 s
@@ -92,7 +92,7 @@ class CuttableProxy:
     through it and refuses new ones for `down_s`."""
 
     def __init__(self, target_port: int) -> None:
-        self.port, self._target = free_port(), target_port
+        self.port, self._target = free_port_run(), target_port
         self._down_until = 0.0
         self._sockets: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", self.port))
@@ -164,7 +164,7 @@ def test_network_resets_between_router_and_a_worker_under_traffic(router_and_wor
 def test_router_killed_and_restarted_under_traffic(router_and_workers):
     workers, tmp_path = router_and_workers
     addresses = [f"127.0.0.1:{_worker_port(w)}" for w in workers]
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_port_run(), free_port_run()
     flags = [f"--worker={a}" for a in addresses] + [f"--api-key={API_KEY}"]
     flags += ["--host=127.0.0.1", f"--port={port}", f"--grpc-port={grpc_port}"]
     routers = [PagodaProcess("router", flags, tmp_path / "router-0.log")]

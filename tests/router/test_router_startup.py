@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
+from shared.ports import free_port_run
 from tests.cluster import PagodaProcess, http_up, start_router
 from tests.conftest import wait_for
-from tests.redis_server import free_port
 
 
 def test_a_second_router_on_a_grpc_port_in_use_refuses_to_start(tmp_path):
-    dead = f"--worker=127.0.0.1:{free_port()}"
+    dead = f"--worker=127.0.0.1:{free_port_run()}"
     first = start_router("router", [dead], tmp_path / "first.log")
     try:
         wait_for(lambda: http_up(first), timeout=60, interval=0.2, what="the first router")
-        flags = ["--host=127.0.0.1", f"--port={free_port()}", f"--grpc-port={first.grpc_port}"]
+        flags = ["--host=127.0.0.1", f"--port={free_port_run()}", f"--grpc-port={first.grpc_port}"]
         second = PagodaProcess("router", [dead, *flags], tmp_path / "second.log")
         assert second.process.wait(60) == 2, second.log()
         second.stop()

@@ -12,11 +12,11 @@ import grpc
 import httpx
 import pytest
 
+from shared.ports import free_port_run
 from shared.proto.pagoda.v1 import router_pb2 as pb
 from shared.proto.pagoda.v1 import router_pb2_grpc as pb_grpc
 from tests.cluster import ENGINE_FLAGS, REPO_ROOT, start_router, wait_serving
 from tests.conftest import wait_for
-from tests.redis_server import free_port
 
 
 def test_ctrl_c_stops_serve_and_its_workers_cleanly(make_checkpoint, tmp_path):
@@ -67,7 +67,7 @@ def test_bad_router_flags_are_refused_with_a_message():
 
 
 def test_no_worker_serving_is_a_503_and_unavailable(tmp_path):
-    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    dead = f"127.0.0.1:{free_port_run()}"  # nothing listens there
     router = start_router("router", [f"--worker={dead}"], tmp_path / "router.log")
     try:
         wait_for(lambda: health_status(router.base_url) == 503, timeout=60, what="the router")

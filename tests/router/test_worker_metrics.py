@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.worker_metrics import WorkerMetricsScraper, parse_target
-from tests.redis_server import free_port
+from shared.ports import free_port_run
 
 WORKER_TEXT = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -45,7 +45,7 @@ def test_series_of_every_worker_merge_and_a_silent_worker_is_down():
             f"a=http://127.0.0.1:{good.server_port}/metrics",
             f"b=http://127.0.0.1:{good.server_port}/metrics",
             f"c=http://127.0.0.1:{garbage.server_port}/metrics",
-            f"d=http://127.0.0.1:{free_port()}/metrics",  # nothing listens
+            f"d=http://127.0.0.1:{free_port_run()}/metrics",  # nothing listens
         ]
         text = asyncio.run(WorkerMetricsScraper(targets).render()).decode()
     finally:

@@ -120,9 +120,9 @@ def test_ownership_set_keeps_its_ttl_and_can_be_rewritten(client, redis_prefix):
 
 
 def test_client_fails_fast_when_redis_is_down():
-    from tests.redis_server import free_port
+    from shared.ports import free_port_run
 
-    client = make_client(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    client = make_client(f"redis://127.0.0.1:{free_port_run()}/0", timeout_s=0.5)
     start = time.monotonic()
     with pytest.raises(redis.ConnectionError):
         client.ping()

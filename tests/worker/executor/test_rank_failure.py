@@ -14,11 +14,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.errors import UnavailableError
+from shared.ports import free_port_run
 from shared.proto.pagoda.worker.v1 import worker_pb2 as pb
 from shared.proto.pagoda.worker.v1 import worker_pb2_grpc as pb_grpc
 from tests.cluster import PagodaProcess
 from tests.conftest import random_prompts, wait_for
-from tests.redis_server import free_port
 from tests.worker.service.conftest import request
 from worker import SamplingParams
 from worker.config import EngineConfig
@@ -107,7 +107,7 @@ def test_a_rank_that_dies_while_the_worker_is_idle_is_noticed(make_checkpoint):
 def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
     make_checkpoint, tmp_path
 ):
-    port = free_port()
+    port = free_port_run()
     args = ["--model", str(make_checkpoint("llama")), "--host", "127.0.0.1", f"--port={port}"]
     args += [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
     worker = PagodaProcess("worker", args, tmp_path / "worker.log")
@@ -154,7 +154,7 @@ def test_the_worker_reports_not_serving_ends_streams_unavailable_and_exits(
 @pytest.mark.slow
 def test_ranks_die_with_their_worker(make_checkpoint, tmp_path):
     """SIGKILL gives the worker no chance to stop them: PR_SET_PDEATHSIG does."""
-    port = free_port()
+    port = free_port_run()
     args = ["--model", str(make_checkpoint("llama")), "--host", "127.0.0.1", f"--port={port}"]
     args += [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
     worker = PagodaProcess("worker", args, tmp_path / "worker.log")

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
+from shared.ports import free_port_run
 from tests.cluster import ENGINE_FLAGS, REPO_ROOT, PagodaProcess
 from tests.conftest import wait_for
-from tests.redis_server import free_port
 
 
 def test_sigterm_while_loading_stops_the_worker_promptly(make_checkpoint, tmp_path):
@@ -19,7 +19,7 @@ def test_sigterm_while_loading_stops_the_worker_promptly(make_checkpoint, tmp_pa
     shutil.copytree(make_checkpoint("llama"), folder)
     (folder / "config.json").unlink()
     os.mkfifo(folder / "config.json")  # nobody writes it: loading blocks for good
-    args = ["--model", str(folder), "--host=127.0.0.1", f"--port={free_port()}", *ENGINE_FLAGS]
+    args = ["--model", str(folder), "--host=127.0.0.1", f"--port={free_port_run()}", *ENGINE_FLAGS]
     worker = PagodaProcess("worker", args, tmp_path / "worker.log")
     try:
         wait_for(lambda: "; loading " in worker.log(), timeout=120, interval=0.1, what="loading")
