@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -45,6 +46,7 @@ constexpr int kPanel = 16;       // output columns per panel (half_panel.h)
 constexpr int kMaxRows = 6;      // rows per micro-kernel call
 constexpr int64_t kWidenRows = 9;  // from this many rows, widen each panel once (cold: 0.81-0.95x the time at 9-11)
 constexpr int64_t kBlockRows = 96;  // rows per pass over the panels (96 x K floats: L2)
+constexpr int64_t kPassesPerThread = 2;  // from this many passes a thread, threads take whole passes
 
 #ifdef PAGODA_HALF_F32
 static_assert(kPanel == pagoda_half::kPanel);
@@ -177,17 +179,18 @@ std::vector<RowBlock> even_blocks(int64_t rows) {
   return blocks;
 }
 
-// Each block of x [rows, K] -> [K, kMaxRows] (its rows, then zeros): the
+// A block of x [rows, K] -> [K, kMaxRows] (its rows, then zeros): the
 // micro-kernel then broadcasts from one sequential stream instead of six.
+void pack_block(const float* x, const RowBlock& block, int64_t k_len, float* dst) {
+  const float* src = x + block.first * k_len;
+  const int n = block.rows;
+  for (int64_t k = 0; k < k_len; ++k)
+    for (int i = 0; i < kMaxRows; ++i) dst[k * kMaxRows + i] = i < n ? src[i * k_len + k] : 0.f;
+}
+
 void pack_rows(const float* x, const RowBlock* blocks, int64_t count, int64_t k_len, float* packed) {
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      float* dst = packed + b * k_len * kMaxRows;
-      const float* src = x + blocks[b].first * k_len;
-      const int n = blocks[b].rows;
-      for (int64_t k = 0; k < k_len; ++k)
-        for (int i = 0; i < kMaxRows; ++i) dst[k * kMaxRows + i] = i < n ? src[i * k_len + k] : 0.f;
-    }
+    for (int64_t b = begin; b < end; ++b) pack_block(x, blocks[b], k_len, packed + b * k_len * kMaxRows);
   });
 }
 
@@ -227,6 +230,53 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
   // in the engine).
   const std::vector<RowBlock> blocks = even_blocks(rows);
   const int64_t num_blocks = static_cast<int64_t>(blocks.size()), per_pass = kBlockRows / kMaxRows;
+  // Panels [begin, end) against a pass's `count` packed row blocks xb.
+  auto run_panels = [&](const RowBlock* pass, int64_t count, const float* xb, int64_t begin, int64_t end) {
+    static thread_local std::vector<float> wide;
+    wide.resize(k_len * kPanel);
+    for (int64_t p = begin; p < end; ++p) {
+      const uint16_t* panel = packed + p * k_len * kPanel;
+      const float* b = bias ? bias + p * kPanel : nullptr;
+      // The first row block widens the panel as it goes and leaves it in `wide`
+      // for the others, and prefetches the next panel meanwhile: in a decode
+      // step the weights come from DRAM, and without the prefetch each panel's
+      // read stalled before its row blocks ran (cold, 2 threads: 0.82-0.94x the
+      // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
+      // last panel cannot fault.
+      const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
+      for (int64_t i = 0; i < count; ++i) {
+        const float* xi = xb + i * kMaxRows * k_len;
+        float* o = out + pass[i].first * n + p * kPanel;
+        if (i == 0)
+          packed_block<HalfBits<kBf16>>(pass[i].rows, xi, panel, k_len, b, o, n, wide.data(), next);
+        else
+          packed_block<float>(pass[i].rows, xi, wide.data(), k_len, b, o, n);
+      }
+    }
+  };
+  const int64_t threads = at::get_num_threads();
+  const int64_t passes = (num_blocks + per_pass - 1) / per_pass;
+  if (passes >= kPassesPerThread * threads) {
+    // Prefill sizes: each thread takes whole passes (its rows against every
+    // panel) from an atomic counter, packing its own rows: one parallel region
+    // a call, where splitting each pass's panels between the threads took two
+    // (the packing's and the panels') and a barrier after each, 86 a 4096-row
+    // linear, and a thread the host descheduled held the other up at every one.
+    // The passes are evened out over the blocks (43 of 16 blocks at 4096 rows
+    // -> 44 of 15-16), a multiple of the threads so they end together.
+    const int64_t count = (passes + threads - 1) / threads * threads;
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      static thread_local std::vector<float> xp;  // reused: no page faults per call
+      for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+        const int64_t b0 = num_blocks * t / count, b1 = num_blocks * (t + 1) / count;
+        xp.resize((b1 - b0) * kMaxRows * k_len);
+        for (int64_t b = b0; b < b1; ++b) pack_block(x, blocks[b], k_len, xp.data() + (b - b0) * kMaxRows * k_len);
+        run_panels(blocks.data() + b0, b1 - b0, xp.data(), 0, panels);
+      }
+    });
+    return;
+  }
   static thread_local std::vector<float> xp;  // reused: no page faults per call
   for (int64_t b0 = 0; b0 < num_blocks; b0 += per_pass) {
     const int64_t count = std::min(per_pass, num_blocks - b0);
@@ -235,29 +285,7 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
     // A pointer, not xp: inside the lambda `xp` names each worker thread's own copy.
     const float* xb = xp.data();
     pack_rows(x, pass, count, k_len, xp.data());
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      static thread_local std::vector<float> wide;
-      wide.resize(k_len * kPanel);
-      for (int64_t p = begin; p < end; ++p) {
-        const uint16_t* panel = packed + p * k_len * kPanel;
-        const float* b = bias ? bias + p * kPanel : nullptr;
-        // The first row block widens the panel as it goes and leaves it in `wide`
-        // for the others, and prefetches the next panel meanwhile: in a decode
-        // step the weights come from DRAM, and without the prefetch each panel's
-        // read stalled before its row blocks ran (cold, 2 threads: 0.82-0.94x the
-        // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
-        // last panel cannot fault.
-        const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
-        for (int64_t i = 0; i < count; ++i) {
-          const float* xi = xb + i * kMaxRows * k_len;
-          float* o = out + pass[i].first * n + p * kPanel;
-          if (i == 0)
-            packed_block<HalfBits<kBf16>>(pass[i].rows, xi, panel, k_len, b, o, n, wide.data(), next);
-          else
-            packed_block<float>(pass[i].rows, xi, wide.data(), k_len, b, o, n);
-        }
-      }
-    });
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) { run_panels(pass, count, xb, begin, end); });
   }
 }
 #endif

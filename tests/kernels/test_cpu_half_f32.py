@@ -31,8 +31,9 @@ HALF = [torch.bfloat16, torch.float16]
 # Every code path: 1-3 rows (two chains), 4-6, 7-8 (several blocks, still
 # widened in registers), 9 up (rows packed in even blocks of 4-6: 9 = 4 + 5,
 # 37 = 5 x 5 + 2 x 6; the first block widens the panel for the others), 97 and
-# 193 (96-row passes of 16 blocks, then the rest, its first block widening again).
-ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 33, 37, 97, 193]
+# 193 (96-row passes of 16 blocks, then the rest, its first block widening again),
+# 400 and 1000 (two passes a thread or more: each thread takes whole passes).
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 33, 37, 97, 193, 400, 1000]
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -69,13 +70,15 @@ def test_random_values_match_the_twin_to_float32_rounding(kernels, dtype, rows):
 @pytest.mark.parametrize("dtype", HALF)
 def test_a_rows_result_does_not_depend_on_its_batch(kernels, dtype):
     # From 9 rows every row keeps its own accumulators over the same k order,
-    # whatever block (4, 5 or 6 rows) it lands in: bit for bit the same output.
+    # whatever block (4, 5 or 6 rows) it lands in and whichever way the threads
+    # split the work (1000 rows: whole passes a thread; up to 193: each pass's
+    # panels): bit for bit the same output.
     gen = torch.Generator().manual_seed(7)
     weight = (torch.randn(64, 576, generator=gen) * 0.05).to(dtype)
-    x = torch.randn(200, 576, generator=gen)
+    x = torch.randn(1000, 576, generator=gen)
     packed = kernels.pack_half_panels(weight)
     full = kernels.half_panel_linear(x, packed)
-    for rows in (9, 10, 13, 37, 42, 97, 193):
+    for rows in (9, 10, 13, 37, 42, 97, 193, 400):
         assert torch.equal(kernels.half_panel_linear(x[:rows], packed), full[:rows]), rows
 
 
