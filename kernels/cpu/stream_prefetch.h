@@ -24,8 +24,10 @@
 // alternated, a noisy host) 26 pairs new/old median 0.947 (0.65-1.27), at 1
 // thread 0.94. A plain read of scattered 3 KB blocks there: prefetcht2 30-36
 // GB/s, NTA 20.
-// (Zen 3 has no AVX-512 and Zen 5 is family 26: both keep NTA, unmeasured
-// against prefetcht2.)
+// Zen 3 (no AVX-512) keeps NTA: a real one (family 25 model 1, 2 vCPUs),
+// gemv_f32.cpp's one- and two-row passes with prefetcht2 instead
+// (bench/avx2_small_m_ab.py, 9 pairs): per-pair medians 1.031 and 0.989, no
+// difference. Zen 5 (family 26) keeps NTA, unmeasured against prefetcht2.
 #pragma once
 
 #include <cpuid.h>
