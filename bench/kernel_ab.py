@@ -176,7 +176,10 @@ def main() -> None:
     args = parser.parse_args()
     old, new = build(args.old, "pagoda_ab_old"), build(args.new, "pagoda_ab_new")
     call = case(args.kind)
-    diff = (call(old).float() - call(new).float()).abs().max().item()
+    # A copy: both builds write the case's one output tensor, and .float() of a
+    # float32 one is that tensor itself, so the -f32 cases compared it with itself.
+    first = call(old).float().clone()
+    diff = (first - call(new).float()).abs().max().item()
     print(f"max |old - new| = {diff}")
     times: dict[str, list[float]] = {"old": [], "new": []}
     for rep in range(args.reps):
