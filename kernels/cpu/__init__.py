@@ -89,6 +89,8 @@ _HALF_F32_SOURCES = [Path(__file__).with_name("gemm_half_f32.cpp")]
 # The panels' column order and their widen, shared with the GEMV below.
 # Each linear module also exports its kernels' C++ entry points (linear_fn.h).
 _HALF_PANEL_HEADERS = [Path(__file__).with_name(name) for name in ("half_panel.h", "linear_fn.h")]
+# vec16.h: the fused gate/up linear's SiLU is silu_and_mul_f32's (bit for bit).
+_HALF_F32_HEADERS = [*_HALF_PANEL_HEADERS, Path(__file__).with_name("vec16.h")]
 
 
 def _or_attention(sources, headers) -> tuple[list[Path], list[Path]]:
@@ -203,7 +205,7 @@ def load_half_f32_kernels(isa: str | None = None) -> ModuleType | None:
 
 @cache
 def _load_half_f32(isa: str) -> ModuleType | None:
-    return _load("pagoda_half_f32", _HALF_F32_SOURCES, _HALF_PANEL_HEADERS, isa)
+    return _load("pagoda_half_f32", _HALF_F32_SOURCES, _HALF_F32_HEADERS, isa)
 
 
 def cpu_runs(isa: str) -> bool:

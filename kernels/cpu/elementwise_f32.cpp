@@ -87,8 +87,7 @@ torch::Tensor silu_and_mul_f32(const torch::Tensor& x) {
       float* o = op + r * d;
       int64_t i = 0;
       for (; i + kNativeLanes <= d; i += kNativeLanes) {
-        const vnative g = load_native(gate + i);
-        store_native(o + i, g / (1.f + exp_native(-g)) * load_native(up + i));
+        store_native(o + i, silu_mul_native(load_native(gate + i), load_native(up + i)));
       }
       for (; i < d; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
     }

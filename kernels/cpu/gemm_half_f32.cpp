@@ -19,8 +19,16 @@
 // float32 copy (L2-resident) that the other row blocks read, so the conversion
 // is paid once per panel, inside FMA-bound work.
 //
-// The plain-PyTorch twin is F.linear(x, weight.float(), bias); results match
-// it up to float32 summation order (tests/kernels/test_cpu_half_f32.py).
+// half_panel_linear_silu: W = [gate; up] (each a whole number of panels), out
+// [M, N / 2] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up). A row block's
+// gate and up tiles go side by side to a scratch tile and the SiLU reads them
+// from L1: the [M, N] float32 product is never written and read back (at a
+// 4096-row prefill step, 50 MB a layer).
+//
+// The plain-PyTorch twin is F.linear(x, weight.float(), bias) (then SiluAndMul);
+// results match it up to float32 summation order, and the fused linear matches
+// half_panel_linear then silu_and_mul_f32 bit for bit
+// (tests/kernels/test_cpu_half_f32.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -32,6 +40,7 @@
 #include <vector>
 
 #include "linear_fn.h"
+#include "vec16.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGODA_HALF_F32 1
@@ -138,6 +147,15 @@ void tile(const float* x, int64_t row_step, int64_t k_step, const T* panel, int6
 }
 #undef PAGODA_ROWS
 
+// out[r, 0..16) = silu(gate) * up for `rows` scratch rows of [gate 16 | up 16].
+void silu_rows(const float* scratch, int64_t rows, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < kPanel; c += kNativeLanes) {
+      const float* g = scratch + r * 2 * kPanel + c;
+      store_native(out + r * ldo + c, silu_mul_native(load_native(g), load_native(g + kPanel)));
+    }
+}
+
 // A few rows (fewer than kWidenRows) against one panel, widened in registers.
 template <bool kBf16>
 void few_rows(const float* x, int64_t rows, const uint16_t* panel, int64_t k_len, const float* bias, float* out,
@@ -212,15 +230,28 @@ void packed_block(int rows, const float* xb, const T* panel, int64_t k_len, cons
   }
 }
 
+// Output unit u: panel u, or with `silu` panels u (gate) and u + units (up),
+// whose row blocks' tiles go to a scratch tile [rows, gate 16 | up 16] and
+// silu(gate) * up to out's 16 columns of unit u.
 template <bool kBf16>
 void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* packed, int64_t panels,
-                 const float* bias, float* out) {
-  const int64_t n = panels * kPanel;
+                 const float* bias, float* out, bool silu) {
+  const int64_t units = silu ? panels / 2 : panels, n_out = units * kPanel, halves = silu ? 2 : 1;
+  auto panel_of = [&](int64_t p) { return packed + p * k_len * kPanel; };
+  auto bias_of = [&](int64_t p) { return bias ? bias + p * kPanel : nullptr; };
   if (rows < kWidenRows) {
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p)
-        few_rows<kBf16>(x, rows, packed + p * k_len * kPanel, k_len, bias ? bias + p * kPanel : nullptr,
-                        out + p * kPanel, n);
+    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+      float scratch[kWidenRows * 2 * kPanel];
+      for (int64_t u = begin; u < end; ++u) {
+        if (!silu) {
+          few_rows<kBf16>(x, rows, panel_of(u), k_len, bias_of(u), out + u * kPanel, n_out);
+          continue;
+        }
+        for (int64_t h = 0; h < 2; ++h)
+          few_rows<kBf16>(x, rows, panel_of(u + h * units), k_len, bias_of(u + h * units), scratch + h * kPanel,
+                          2 * kPanel);
+        silu_rows(scratch, rows, out + u * kPanel, n_out);
+      }
     });
     return;
   }
@@ -230,27 +261,35 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
   // in the engine).
   const std::vector<RowBlock> blocks = even_blocks(rows);
   const int64_t num_blocks = static_cast<int64_t>(blocks.size()), per_pass = kBlockRows / kMaxRows;
-  // Panels [begin, end) against a pass's `count` packed row blocks xb.
+  // Units [begin, end) against a pass's `count` packed row blocks xb.
   auto run_panels = [&](const RowBlock* pass, int64_t count, const float* xb, int64_t begin, int64_t end) {
-    static thread_local std::vector<float> wide;
-    wide.resize(k_len * kPanel);
-    for (int64_t p = begin; p < end; ++p) {
-      const uint16_t* panel = packed + p * k_len * kPanel;
-      const float* b = bias ? bias + p * kPanel : nullptr;
-      // The first row block widens the panel as it goes and leaves it in `wide`
-      // for the others, and prefetches the next panel meanwhile: in a decode
-      // step the weights come from DRAM, and without the prefetch each panel's
-      // read stalled before its row blocks ran (cold, 2 threads: 0.82-0.94x the
-      // time at 16-128 rows, bench/avx2_small_m_ab.py). A prefetch past the
-      // last panel cannot fault.
-      const char* next = reinterpret_cast<const char*>(panel + k_len * kPanel);
+    static thread_local std::vector<float> wide;  // [halves, K, 16]
+    wide.resize(halves * k_len * kPanel);
+    alignas(32) float scratch[kMaxRows * 2 * kPanel];
+    for (int64_t u = begin; u < end; ++u) {
       for (int64_t i = 0; i < count; ++i) {
         const float* xi = xb + i * kMaxRows * k_len;
-        float* o = out + pass[i].first * n + p * kPanel;
-        if (i == 0)
-          packed_block<HalfBits<kBf16>>(pass[i].rows, xi, panel, k_len, b, o, n, wide.data(), next);
-        else
-          packed_block<float>(pass[i].rows, xi, wide.data(), k_len, b, o, n);
+        float* o = out + pass[i].first * n_out + u * kPanel;
+        for (int64_t h = 0; h < halves; ++h) {
+          const int64_t p = u + h * units;
+          const uint16_t* panel = panel_of(p);
+          float* w = wide.data() + h * k_len * kPanel;
+          float* dst = silu ? scratch + h * kPanel : o;
+          const int64_t ldo = silu ? 2 * kPanel : n_out;
+          // The first row block widens the panel as it goes and leaves it in
+          // `wide` for the others, and prefetches the next unit's panel (p + 1,
+          // for gate and up alike) meanwhile: in a decode step the weights come
+          // from DRAM, and without the prefetch each panel's read stalled before
+          // its row blocks ran (cold, 2 threads: 0.82-0.94x the time at 16-128
+          // rows, bench/avx2_small_m_ab.py). A prefetch past the last panel
+          // cannot fault.
+          if (i == 0)
+            packed_block<HalfBits<kBf16>>(pass[i].rows, xi, panel, k_len, bias_of(p), dst, ldo, w,
+                                          reinterpret_cast<const char*>(panel_of(p + 1)));
+          else
+            packed_block<float>(pass[i].rows, xi, w, k_len, bias_of(p), dst, ldo);
+        }
+        if (silu) silu_rows(scratch, pass[i].rows, o, n_out);
       }
     }
   };
@@ -272,7 +311,7 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
         const int64_t b0 = num_blocks * t / count, b1 = num_blocks * (t + 1) / count;
         xp.resize((b1 - b0) * kMaxRows * k_len);
         for (int64_t b = b0; b < b1; ++b) pack_block(x, blocks[b], k_len, xp.data() + (b - b0) * kMaxRows * k_len);
-        run_panels(blocks.data() + b0, b1 - b0, xp.data(), 0, panels);
+        run_panels(blocks.data() + b0, b1 - b0, xp.data(), 0, units);
       }
     });
     return;
@@ -285,7 +324,7 @@ void half_linear(const float* x, int64_t rows, int64_t k_len, const uint16_t* pa
     // A pointer, not xp: inside the lambda `xp` names each worker thread's own copy.
     const float* xb = xp.data();
     pack_rows(x, pass, count, k_len, xp.data());
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) { run_panels(pass, count, xb, begin, end); });
+    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) { run_panels(pass, count, xb, begin, end); });
   }
 }
 #endif
@@ -314,9 +353,10 @@ torch::Tensor pack_half_panels(const torch::Tensor& weight) {
   return panels.reshape({n / kPanel, k, 2, kPanel / 2}).transpose(2, 3).reshape({n / kPanel, k, kPanel}).contiguous();
 }
 
-// x [M, K] float32 @ packed^T (+ bias float32 [N]) -> [M, N] float32.
-torch::Tensor half_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                                const std::optional<torch::Tensor>& bias) {
+// x [M, K] float32 @ packed^T (+ bias float32 [N]) -> [M, N] float32, or with
+// silu (packed = [gate; up], each N / 2 a whole number of panels) [M, N / 2].
+torch::Tensor half_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
+                             const std::optional<torch::Tensor>& bias, bool silu) {
   TORCH_CHECK(half_f32_supported(), "half_panel_linear: this build has no AVX2+FMA+F16C");
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.dim() == 2 && x.is_contiguous(),
               "half_panel_linear: x must be a contiguous float32 [M, K]");
@@ -325,23 +365,35 @@ torch::Tensor half_panel_linear(const torch::Tensor& x, const torch::Tensor& pac
                   packed.size(2) == kPanel && packed.size(1) == x.size(1),
               "half_panel_linear: packed must be pack_half_panels' [N / 16, K, 16] with K = x's");
   const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(!silu || panels % 2 == 0,
+              "half_panel_linear_silu: gate and up must be whole panels (N % 32 == 0)");
   const float* b = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == panels * kPanel,
                 "half_panel_linear: bias must be a contiguous float32 [N]");
     b = bias->data_ptr<float>();
   }
-  auto out = torch::empty({rows, panels * kPanel}, x.options());
+  auto out = torch::empty({rows, (silu ? panels / 2 : panels) * kPanel}, x.options());
 #ifdef PAGODA_HALF_F32
   if (rows > 0) {
     const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
     if (bf16)
-      half_linear<true>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>());
+      half_linear<true>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>(), silu);
     else
-      half_linear<false>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>());
+      half_linear<false>(x.data_ptr<float>(), rows, k, w, panels, b, out.data_ptr<float>(), silu);
   }
 #endif
   return out;
+}
+
+torch::Tensor half_panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                                const std::optional<torch::Tensor>& bias) {
+  return half_linear_op(x, packed, bias, false);
+}
+
+torch::Tensor half_panel_linear_silu(const torch::Tensor& x, const torch::Tensor& packed,
+                                     const std::optional<torch::Tensor>& bias) {
+  return half_linear_op(x, packed, bias, true);
 }
 
 // Kernels run without the GIL (no Python object in their bodies), as in module.cpp;
@@ -353,5 +405,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("half_panel_linear", &half_panel_linear, "x [M, K] f32 @ widened packed^T (+ bias) -> [M, N] f32",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());
+  m.def("half_panel_linear_silu", &half_panel_linear_silu,
+        "silu(x @ widened gate^T + b) * (x @ widened up^T + b) for packed = [gate; up] -> [M, N / 2] f32",
+        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
   m.attr("half_panel_linear_fn") = linear_fn_capsule(&half_panel_linear);  // linear_fn.h
+  m.attr("half_panel_linear_silu_fn") = linear_fn_capsule(&half_panel_linear_silu);
 }

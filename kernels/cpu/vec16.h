@@ -291,6 +291,10 @@ inline float sum_native(vnative v) {
   return total;
 }
 
+// silu(g) * u in float32: silu_and_mul_f32 and the fused half-storage gate/up
+// linear (gemm_half_f32.cpp) both use it, so their results agree bit for bit.
+inline vnative silu_mul_native(vnative g, vnative u) { return g / (1.f + exp_native(-g)) * u; }
+
 // silu(g) * u for bf16 inputs widened to fp32, the activation rounded to bf16
 // before the multiply as the unfused torch ops round it; silu_and_mul and the
 // fused gate/up linear both use it, so their results agree bit for bit.

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import cpu_runs, load_half_f32_kernels
+from kernels.cpu import _cpu_flags, cpu_runs, load_cpu_kernels, load_half_f32_kernels
 
 
 def _kernels(isa: str):
@@ -100,6 +100,46 @@ def test_panels_hold_each_k_steps_columns_in_the_widens_order(kernels, dtype, or
             assert packed[panel, k].tolist() == [3 * (16 * panel + c) + k for c in order]
 
 
+def _silu_twin(gate_up: torch.Tensor) -> torch.Tensor:
+    d = gate_up.shape[1] // 2
+    return F.silu(gate_up[:, :d]) * gate_up[:, d:]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "native"])
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", ROWS)
+def test_fused_silu_equals_the_linear_then_silu_and_mul(isa, dtype, rows):
+    kernels = _kernels(isa)
+    # Gate and up of 3 panels each (N 96): unit u pairs panels u and u + 3.
+    gen = torch.Generator().manual_seed(200 + rows)
+    weight = (torch.randn(96, 200, generator=gen) * 0.1).to(dtype)
+    x = torch.randn(rows, 200, generator=gen)
+    bias = torch.randn(96, generator=gen)
+    packed = kernels.pack_half_panels(weight)
+    for b in (bias, None):
+        fused = kernels.half_panel_linear_silu(x, packed, b)
+        gate_up = kernels.half_panel_linear(x, packed, b)
+        assert fused.shape == (rows, 48)
+        # The plain twin, up to exp's rounding (exp_native: ~2e-7 relative).
+        torch.testing.assert_close(fused, _silu_twin(gate_up), rtol=1e-5, atol=1e-6)
+        # silu_and_mul_f32 shares the fused SiLU's arithmetic: bit for bit where
+        # both builds have the same vector width (an AVX2 build beside an
+        # AVX-512 main module splits exp's lanes differently).
+        if isa == "native" or "avx512f" not in _cpu_flags():
+            assert torch.equal(fused, load_cpu_kernels().silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_fused_silu_rows_do_not_depend_on_their_batch(kernels, dtype):
+    gen = torch.Generator().manual_seed(8)
+    weight = (torch.randn(128, 576, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(1000, 576, generator=gen)
+    packed = kernels.pack_half_panels(weight)
+    full = kernels.half_panel_linear_silu(x, packed)  # whole passes a thread
+    for rows in (9, 37, 97, 193, 400):
+        assert torch.equal(kernels.half_panel_linear_silu(x[:rows], packed), full[:rows]), rows
+
+
 def test_rejects_bad_shapes_and_dtypes(kernels):
     with pytest.raises(RuntimeError, match="multiple of 16"):
         kernels.pack_half_panels(torch.zeros(40, 8, dtype=torch.bfloat16))
@@ -112,8 +152,12 @@ def test_rejects_bad_shapes_and_dtypes(kernels):
         kernels.half_panel_linear(torch.zeros(2, 9), packed)
     with pytest.raises(RuntimeError, match="bias"):
         kernels.half_panel_linear(torch.zeros(2, 8), packed, torch.zeros(31))
+    odd = kernels.pack_half_panels(torch.zeros(48, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="whole panels"):
+        kernels.half_panel_linear_silu(torch.zeros(2, 8), odd)
 
 
 def test_no_rows_gives_an_empty_output(kernels):
     packed = kernels.pack_half_panels(torch.ones(32, 8, dtype=torch.float16))
     assert kernels.half_panel_linear(torch.zeros(0, 8), packed).shape == (0, 32)
+    assert kernels.half_panel_linear_silu(torch.zeros(0, 8), packed).shape == (0, 16)

@@ -158,3 +158,25 @@ def half_linear(
         return kernel(x, packed, bias)
     out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def half_linear_silu(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    f32: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """silu(gate) * up for packed [gate; up] half panels in one pass: [..., K] ->
+    [..., N / 2], bit for bit half_linear then silu_and_mul (the [tokens, N]
+    float32 product is never written). None where half_linear would not use
+    the panel GEMM (1-8 rows: the GEMV; more than 128 with a float32 copy) or
+    gate and up do not split at a panel."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
+    if gemv is not None or (f32 is not None and rows > _GEMM_MAX_ROWS) or packed.shape[0] % 2:
+        return None
+    kernel = load_half_f32_kernels().half_panel_linear_silu
+    if x.dim() == 2 and x.is_contiguous():
+        return kernel(x, packed, bias)
+    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])

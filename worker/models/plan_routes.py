@@ -62,8 +62,9 @@ def bf16_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
 
 def half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
     """cpu_half_f32.half_linear's routes: its GEMV, its panel GEMM, then oneDNN's float32
-    copy where the layer has one. The gate/up SiLU is the activation kernel after the
-    linear, as the module path (SiluAndMul) runs it."""
+    copy where the layer has one. The gate/up SiLU is fused into the panel GEMM
+    (half_panel_linear_silu) and elsewhere the activation kernel after the linear,
+    as the module path (half_linear_silu, else SiluAndMul) runs it."""
     gemv = cpu_half_f32._gemv_kernels()
     gemm = cpu_half_f32.load_half_f32_kernels()  # what half_linear calls
     if gemv is None or gemm is None:
@@ -84,7 +85,9 @@ def half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
 
         return bind_silu
 
+    gemv_linear = _binder(gemv.gemv_half_f32_linear, gemv.gemv_half_f32_linear_fn)
     panel = _binder(gemm.half_panel_linear, gemm.half_panel_linear_fn)
+    panel_silu = _binder(gemm.half_panel_linear_silu, gemm.half_panel_linear_silu_fn)
 
     def copy_or_gemm(linear):
         if linear.weight_f32 is None:
@@ -92,15 +95,14 @@ def half_f32_routes(elementwise) -> list[tuple[int, Binder, Binder]] | None:
         weight, bias, kernel = linear.weight_f32, linear.bias, cpu_packed.packed_linear
         return lambda x: kernel(x, weight, bias)  # oneDNN's: no native entry
 
-    routes = [
-        (
-            cpu_half_f32._GEMV_MAX_ROWS,
-            _binder(gemv.gemv_half_f32_linear, gemv.gemv_half_f32_linear_fn),
-        ),
-        (cpu_half_f32._GEMM_MAX_ROWS, panel),
-        (torch.iinfo(torch.int64).max, copy_or_gemm),
+    def copy_or_gemm_silu(linear):
+        return panel_silu(linear) if linear.weight_f32 is None else with_silu(copy_or_gemm)(linear)
+
+    return [
+        (cpu_half_f32._GEMV_MAX_ROWS, gemv_linear, with_silu(gemv_linear)),
+        (cpu_half_f32._GEMM_MAX_ROWS, panel, panel_silu),
+        (torch.iinfo(torch.int64).max, copy_or_gemm, copy_or_gemm_silu),
     ]
-    return [(limit, bind, with_silu(bind)) for limit, bind in routes]
 
 
 def _binder(kernel, native_fn) -> Binder:

@@ -25,7 +25,12 @@ def calls(monkeypatch):
         return run
 
     gemv = SimpleNamespace(gemv_half_f32_linear=kernel("gemv"))
-    gemm = SimpleNamespace(half_panel_linear=kernel("gemm"))
+
+    def silu(x, packed, bias):
+        seen.append(("gemm+silu", x.shape[0]))
+        return torch.zeros(x.shape[0], packed.shape[0] * 8)
+
+    gemm = SimpleNamespace(half_panel_linear=kernel("gemm"), half_panel_linear_silu=silu)
     monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: gemv)
     monkeypatch.setattr(cpu_half_f32, "load_half_f32_kernels", lambda: gemm)
     return seen
@@ -73,6 +78,22 @@ def test_a_float32_copy_takes_more_than_128_rows(calls, monkeypatch):
     for rows in (8, 9, 128, 129):
         cpu_half_f32.half_linear(torch.zeros(rows, 8), PACKED, None, f32)
     assert calls == [("gemv", 8), ("gemm", 9), ("gemm", 128)] and seen == [129]
+
+
+def test_silu_fuses_only_where_the_panel_gemm_runs(calls, monkeypatch):
+    gate_up = torch.zeros(4, 8, 16, dtype=torch.bfloat16)  # gate 32 | up 32
+    for rows in (1, 8):  # the GEMV's rows: the caller runs them unfused
+        assert cpu_half_f32.half_linear_silu(torch.zeros(rows, 8), gate_up, None) is None
+    out = cpu_half_f32.half_linear_silu(torch.zeros(3, 3, 8), gate_up, None)
+    assert out.shape == (3, 3, 32) and calls == [("gemm+silu", 9)]
+    assert cpu_half_f32.half_linear_silu(torch.zeros(0, 8), gate_up, None).shape == (0, 32)
+    f32 = torch.zeros(64, 8)
+    assert cpu_half_f32.half_linear_silu(torch.zeros(129, 8), gate_up, None, f32) is None
+    assert cpu_half_f32.half_linear_silu(torch.zeros(128, 8), gate_up, None, f32).shape == (128, 32)
+    assert cpu_half_f32.half_linear_silu(torch.zeros(64, 8), PACKED, None) is None  # 3 panels
+    monkeypatch.setattr(cpu_half_f32, "_gemv_kernels", lambda: None)
+    cpu_half_f32.half_linear_silu(torch.zeros(1, 8), gate_up, None)
+    assert calls[-1] == ("gemm+silu", 1)
 
 
 @pytest.mark.parametrize(

@@ -213,8 +213,9 @@ def test_half_f32_plan_binds_the_kernels_half_linear_routes_to(
     avx2_cpu, make_checkpoint, monkeypatch
 ):
     """Row for row, the plan's linears give what half_linear gives, through the same
-    kernel (GEMV, panel GEMM, oneDNN's float32 copy), and the gate/up SiLU is the
-    activation kernel's."""
+    kernel (GEMV, panel GEMM, oneDNN's float32 copy), and the gate/up SiLU is fused
+    into the panel GEMM where the module path fuses it (half_linear_silu), else
+    the activation kernel's."""
     from worker.layers import cpu_half_f32
     from worker.layers.activation import SiluAndMul
 
@@ -236,14 +237,21 @@ def test_half_f32_plan_binds_the_kernels_half_linear_routes_to(
     for rows in (1, 8, 9, 128, 129, 300):
         x = torch.randn(rows, qkv.input_size, generator=generator)
         copies.clear()
-        module_out = (
-            cpu_half_f32.half_linear(x, qkv.weight, qkv.bias, qkv.weight_f32),
-            SiluAndMul()(cpu_half_f32.half_linear(x, gate_up.weight, None, gate_up.weight_f32)),
-        )
+        fused = cpu_half_f32.half_linear_silu(x, gate_up.weight, None, gate_up.weight_f32)
+        assert (fused is not None) == (9 <= rows <= 128), rows
+        if fused is None:
+            fused = SiluAndMul()(
+                cpu_half_f32.half_linear(x, gate_up.weight, None, gate_up.weight_f32)
+            )
+        module_out = (cpu_half_f32.half_linear(x, qkv.weight, qkv.bias, qkv.weight_f32), fused)
         module_copies = list(copies)
         copies.clear()
         layer = plan.layers_for(rows)[0]
         plan_out = (layer.qkv(x), layer.gate_up_silu(x))
+        native = getattr(layer.gate_up_silu, "native", None)
+        if 9 <= rows <= 128:  # the fused kernel's entry, no SiLU after it
+            gemm = cpu_half_f32.load_half_f32_kernels()
+            assert native[0] is gemm.half_panel_linear_silu_fn and native[3] is False, rows
         assert module_copies == ([rows, rows] if rows > 128 else []), rows
         assert copies == module_copies, rows
         assert all(torch.equal(a, b) for a, b in zip(plan_out, module_out, strict=True)), rows

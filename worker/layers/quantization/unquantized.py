@@ -37,6 +37,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         return F.linear(x, layer.weight, bias)
 
     def apply_silu_and_mul(self, layer, x, bias):
+        if getattr(layer, "weight_is_half_f32", False):
+            return cpu_half_f32.half_linear_silu(x, layer.weight, bias, layer.weight_f32)
         if getattr(layer, "weight_is_packed", False):
             return cpu_packed.packed_linear_silu(x, layer.weight, bias)
         return None
