@@ -67,19 +67,21 @@ def test_random_values_match_the_twin_to_float32_rounding(kernels, dtype, rows):
     assert ((out - expected).abs() / scale).max().item() < 1e-5
 
 
+@pytest.mark.parametrize("op", ["half_panel_linear", "half_panel_linear_silu"])
 @pytest.mark.parametrize("dtype", HALF)
-def test_a_rows_result_does_not_depend_on_its_batch(kernels, dtype):
+def test_a_rows_result_does_not_depend_on_its_batch(kernels, dtype, op):
     # From 9 rows every row keeps its own accumulators over the same k order,
     # whatever block (4, 5 or 6 rows) it lands in and whichever way the threads
     # split the work (1000 rows: whole passes a thread; up to 193: each pass's
-    # panels): bit for bit the same output.
+    # panels): bit for bit the same output, SiLU fused or not.
     gen = torch.Generator().manual_seed(7)
     weight = (torch.randn(64, 576, generator=gen) * 0.05).to(dtype)
     x = torch.randn(1000, 576, generator=gen)
     packed = kernels.pack_half_panels(weight)
-    full = kernels.half_panel_linear(x, packed)
+    linear = getattr(kernels, op)
+    full = linear(x, packed)
     for rows in (9, 10, 13, 37, 42, 97, 193, 400):
-        assert torch.equal(kernels.half_panel_linear(x[:rows], packed), full[:rows]), rows
+        assert torch.equal(linear(x[:rows], packed), full[:rows]), rows
 
 
 @pytest.mark.parametrize(
@@ -127,17 +129,6 @@ def test_fused_silu_equals_the_linear_then_silu_and_mul(isa, dtype, rows):
         # AVX-512 main module splits exp's lanes differently).
         if isa == "native" or "avx512f" not in _cpu_flags():
             assert torch.equal(fused, load_cpu_kernels().silu_and_mul(gate_up))
-
-
-@pytest.mark.parametrize("dtype", HALF)
-def test_fused_silu_rows_do_not_depend_on_their_batch(kernels, dtype):
-    gen = torch.Generator().manual_seed(8)
-    weight = (torch.randn(128, 576, generator=gen) * 0.05).to(dtype)
-    x = torch.randn(1000, 576, generator=gen)
-    packed = kernels.pack_half_panels(weight)
-    full = kernels.half_panel_linear_silu(x, packed)  # whole passes a thread
-    for rows in (9, 37, 97, 193, 400):
-        assert torch.equal(kernels.half_panel_linear_silu(x[:rows], packed), full[:rows]), rows
 
 
 def test_rejects_bad_shapes_and_dtypes(kernels):
