@@ -146,18 +146,12 @@ def half_linear(
     """F.linear(x, weight, bias) for x [..., K] float32 and packed half panels:
     1-8 rows through the GEMV, 9-128 through the panel GEMM, more through `f32`
     (float32_copy's) where given, else the panel GEMM."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
+    gemv = _gemv_for(x)
     if gemv is not None:
-        kernel = gemv.gemv_half_f32_linear
-    elif f32 is not None and rows > _GEMM_MAX_ROWS:
+        return cpu_packed._over_rows(gemv.gemv_half_f32_linear, x, packed, bias)
+    if _copy_takes(x, f32):
         return cpu_packed.packed_linear(x, f32, bias)
-    else:
-        kernel = load_half_f32_kernels().half_panel_linear
-    if x.dim() == 2 and x.is_contiguous():
-        return kernel(x, packed, bias)
-    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return cpu_packed._over_rows(load_half_f32_kernels().half_panel_linear, x, packed, bias)
 
 
 def half_linear_silu(
@@ -171,12 +165,20 @@ def half_linear_silu(
     float32 product is never written). None where half_linear would not use
     the panel GEMM (1-8 rows: the GEMV; more than 128 with a float32 copy) or
     gate and up do not split at a panel."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    gemv = _gemv_kernels() if 1 <= rows <= _GEMV_MAX_ROWS else None
-    if gemv is not None or (f32 is not None and rows > _GEMM_MAX_ROWS) or packed.shape[0] % 2:
+    if _gemv_for(x) is not None or _copy_takes(x, f32) or packed.shape[0] % 2:
         return None
-    kernel = load_half_f32_kernels().half_panel_linear_silu
-    if x.dim() == 2 and x.is_contiguous():
-        return kernel(x, packed, bias)
-    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return cpu_packed._over_rows(load_half_f32_kernels().half_panel_linear_silu, x, packed, bias)
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _gemv_for(x: torch.Tensor):
+    """The GEMV kernels for x of 1-8 rows, else None."""
+    return _gemv_kernels() if 1 <= _rows(x) <= _GEMV_MAX_ROWS else None
+
+
+def _copy_takes(x: torch.Tensor, f32: torch.Tensor | None) -> bool:
+    """Whether oneDNN's float32 copy takes x's rows (more than 128, where kept)."""
+    return f32 is not None and _rows(x) > _GEMM_MAX_ROWS
