@@ -44,6 +44,7 @@ _HEADERS = [
         "decode_head_tile.h",
         "flash_tile.h",
         "flash_tile_pair.h",
+        "flash_block_amx.h",
         "flash_tile_f32.h",
         "kernel_api.h",
         "linear_fn.h",

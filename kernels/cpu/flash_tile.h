@@ -124,22 +124,24 @@ void pack_context(const uint16_t* k_cache, const uint16_t* v_cache, const int32_
   }
 }
 
-// 2^x for x <= 0: 2^n * p(f), f = x - n in [-0.5, 0.5], p a degree-4 least-squares
-// fit of 2^f on Chebyshev nodes (relative error under 4e-6, as the degree-5
-// Taylor polynomial it replaces; ample for probabilities rounded to bf16 next).
-// Finite x only: scalef takes n below -126 to 0 on its own. kClamp first clamps
-// at -126, so -inf (a masked score) gives a tiny positive for the caller to zero.
+// 2^x for x <= 0: 2^floor(x) * p(f), f = x - floor(x) in [0, 1) from one
+// vreduceps, p a degree-4 least-squares fit of 2^f on Chebyshev nodes (relative
+// error under 3e-6; ample for probabilities rounded to bf16 next), and vscalefps
+// multiplies by 2^floor(x) itself: 6 instructions where round, subtract and
+// scale by the rounded value took 8 uops (the softmax is most of a prefill
+// tile's vector work). Finite x only: scalef takes floor(x) below -126 to 0 on
+// its own. kClamp first clamps at -126, so -inf (a masked score) gives a tiny
+// positive for the caller to zero.
 template <bool kClamp>
 inline __m512 exp2_nonpositive(__m512 x) {
   if constexpr (kClamp) x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(9.676037356e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.592203513e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402210683e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931210160e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.000000119f));
-  return _mm512_scalef_ps(p, n);
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.352060320e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.203742877e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.414274933e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.930066207e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.000002518f));
+  return _mm512_scalef_ps(p, x);
 }
 
 #ifdef PAGODA_AMX
@@ -296,61 +298,108 @@ struct TileSoftmax {
   // (pt) and l updated; returns alpha, the factor O^T takes first. `shifted`
   // says whether m moved (with `lazy`, only past kLazyRescale).
   __m512 chunk(const float* st, int64_t k0, bool masked, int64_t window, bool lazy, uint32_t* pt, bool& shifted) {
-    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512i pair_words = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     // Raw scores: scale > 0, so max(s c) = c max(s), and each p = 2^(s c - base)
     // takes one FMA for the scaling and the shift.
     __m512 x[kChunk];
-    __m512 smax = neg_inf;
+    __m512 smax = neg_inf();
     for (int j = 0; j < kChunk; ++j) {
       x[j] = _mm512_load_ps(st + j * kTileRows);
-      if (masked) {
-        const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(k0 + j));
-        __mmask16 drop = _mm512_cmpgt_epi32_mask(key, q_pos);
-        if (window > 0)
-          drop |= _mm512_cmpge_epi32_mask(_mm512_sub_epi32(q_pos, key), _mm512_set1_epi32(static_cast<int32_t>(window)));
-        x[j] = _mm512_mask_blend_ps(drop, x[j], neg_inf);
-      }
+      if (masked) x[j] = mask_key(x[j], k0 + j, window);
       smax = _mm512_max_ps(smax, x[j]);
     }
+    __m512 base;
+    const __m512 alpha = shift(smax, lazy, shifted, base);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < kChunk; j += 2) sum = _mm512_add_ps(sum, probs(x[j], x[j + 1], base, masked, pt + (j / 2) * kTileRows));
+    l = _mm512_fmadd_ps(l, alpha, sum);
+    return alpha;
+  }
+
+  // chunk() over `chunks` consecutive chunks at once (st [chunks * 32 keys][16
+  // queries] -> pt [chunks][16 key pairs][16 queries]): one max and one shift
+  // decision for all of them, the scores read twice from L1 instead of held in
+  // registers. `masked` applies the mask to every key of the block.
+  __m512 block(const float* st, int chunks, int64_t k0, bool masked, int64_t window, bool lazy, uint32_t* pt,
+               bool& shifted) {
+    const int keys = chunks * kChunk;
+    __m512 mx4[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // four chains: max's latency, not its rate
+    for (int j = 0; j < keys; j += 4)
+      for (int i = 0; i < 4; ++i) {
+        __m512 x = _mm512_load_ps(st + (j + i) * kTileRows);
+        if (masked) x = mask_key(x, k0 + j + i, window);
+        mx4[i] = _mm512_max_ps(mx4[i], x);
+      }
+    __m512 base;
+    const __m512 alpha =
+        shift(_mm512_max_ps(_mm512_max_ps(mx4[0], mx4[1]), _mm512_max_ps(mx4[2], mx4[3])), lazy, shifted, base);
+    __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int j = 0; j < keys; j += 2) {
+      __m512 x0 = _mm512_load_ps(st + j * kTileRows), x1 = _mm512_load_ps(st + (j + 1) * kTileRows);
+      if (masked) {
+        x0 = mask_key(x0, k0 + j, window);
+        x1 = mask_key(x1, k0 + j + 1, window);
+      }
+      sum[(j / 2) & 1] = _mm512_add_ps(sum[(j / 2) & 1], probs(x0, x1, base, masked, pt + (j / 2) * kTileRows));
+    }
+    l = _mm512_fmadd_ps(l, alpha, _mm512_add_ps(sum[0], sum[1]));
+    return alpha;
+  }
+
+ private:
+  static __m512 neg_inf() { return _mm512_set1_ps(-std::numeric_limits<float>::infinity()); }
+
+  // -inf where key `key` is past a query's position or, with a window, before its start.
+  __m512 mask_key(__m512 x, int64_t key_pos, int64_t window) const {
+    const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(key_pos));
+    __mmask16 drop = _mm512_cmpgt_epi32_mask(key, q_pos);
+    if (window > 0)
+      drop |= _mm512_cmpge_epi32_mask(_mm512_sub_epi32(q_pos, key), _mm512_set1_epi32(static_cast<int32_t>(window)));
+    return _mm512_mask_blend_ps(drop, x, neg_inf());
+  }
+
+  // Moves m for a step whose raw max is smax; returns alpha (O^T's factor) and
+  // the shift the step's probabilities take (base).
+  __m512 shift(__m512 smax, bool lazy, bool& shifted, __m512& base) {
+    const __m512 zero = _mm512_setzero_ps();
     __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(smax, c));
     // Lazy: keep the old shift unless some query's max passed it by more than
     // kLazyRescale (m = -inf and a first key count as passing).
     shifted = !lazy || _mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kLazyRescale)), _CMP_GT_OQ) != 0;
     if (!shifted) mx = m;
     // A query with no key yet keeps m = -inf: shift by 0 so nothing becomes NaN.
-    const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
-    const __m512 base = _mm512_mask_blend_ps(none, mx, zero);
+    const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf(), _CMP_EQ_OQ);
+    base = _mm512_mask_blend_ps(none, mx, zero);
     // Unshifted, alpha is exactly 1: the polynomial's 2^0 is 1 + 1 ulp, and the
     // resident O^T is not multiplied by it.
     const __m512 alpha = !shifted ? _mm512_set1_ps(1.f)
-                                  : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf, _CMP_NEQ_OQ),
+                                  : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf(), _CMP_NEQ_OQ),
                                                         exp2_nonpositive<true>(_mm512_sub_ps(m, base)));
     m = mx;
-    __m512 sum = zero;
-    for (int j = 0; j < kChunk; j += 2) {
-      __m512 p0, p1;
-      if (masked) {
-        p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[j], neg_inf, _CMP_NEQ_OQ),
-                                 exp2_nonpositive<true>(_mm512_fmsub_ps(x[j], c, base)));
-        p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[j + 1], neg_inf, _CMP_NEQ_OQ),
-                                 exp2_nonpositive<true>(_mm512_fmsub_ps(x[j + 1], c, base)));
-      } else {
-        p0 = exp2_nonpositive<false>(_mm512_fmsub_ps(x[j], c, base));
-        p1 = exp2_nonpositive<false>(_mm512_fmsub_ps(x[j + 1], c, base));
-      }
-      sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-      // One B-tile row: (key j, key j+1) bf16 pairs for each query; cvtne2ps puts
-      // p0's 16 words below p1's, one word permute interleaves them.
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-      _mm512_store_si512(pt + (j / 2) * kTileRows, _mm512_permutexvar_epi16(pair_words, both));
-    }
-    l = _mm512_fmadd_ps(l, alpha, sum);
     return alpha;
   }
 
+  // Keys j and j + 1's probabilities for the 16 queries, stored as one B-tile
+  // row of (key j, key j + 1) bf16 pairs at pt_row; returns their sum.
+  __m512 probs(__m512 x0, __m512 x1, __m512 base, bool masked, uint32_t* pt_row) const {
+    const __m512i pair_words = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 p0, p1;
+    if (masked) {
+      p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x0, neg_inf(), _CMP_NEQ_OQ),
+                               exp2_nonpositive<true>(_mm512_fmsub_ps(x0, c, base)));
+      p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x1, neg_inf(), _CMP_NEQ_OQ),
+                               exp2_nonpositive<true>(_mm512_fmsub_ps(x1, c, base)));
+    } else {
+      p0 = exp2_nonpositive<false>(_mm512_fmsub_ps(x0, c, base));
+      p1 = exp2_nonpositive<false>(_mm512_fmsub_ps(x1, c, base));
+    }
+    // cvtne2ps puts p0's 16 words below p1's, one word permute interleaves them.
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_store_si512(pt_row, _mm512_permutexvar_epi16(pair_words, both));
+    return _mm512_add_ps(p0, p1);
+  }
+
+ public:
   // O = (O^T / l)^T for `rows` queries, 16 dims at a time through the register
   // transpose; with `lse` each row's log-sum-exp of scaled scores.
   template <typename OutT>

@@ -11,6 +11,7 @@
 // of the dpbf16 peak there, the softmax around them is most of the rest.
 #pragma once
 
+#include "flash_block_amx.h"
 #include "flash_tile.h"
 
 namespace {
@@ -71,9 +72,9 @@ inline void values_avx512_pair(const uint16_t* vc, const uint32_t* pt0, const ui
   }
 }
 
-// Rows a call of attend_rows takes at once: two tiles on the AVX512-BF16 path
-// without a window (attend_tile_pair), one otherwise.
-inline int tile_rows(bool amx, int64_t window) { return !amx && window <= 0 ? 2 * kTileRows : kTileRows; }
+// Rows a call of attend_rows takes at once: two tiles with AMX (attend_pair_amx)
+// or on the AVX512-BF16 path without a window (attend_tile_pair), one otherwise.
+inline int tile_rows(bool amx, int64_t window) { return amx || window <= 0 ? 2 * kTileRows : kTileRows; }
 
 // Two tiles (17-32 rows, no window) without AMX: both tiles' products in one
 // pass over each chunk's K and V (scores_avx512_pair, values_avx512_pair), each
@@ -121,12 +122,17 @@ void attend_tile_pair(const uint16_t* q, int64_t q_stride, int rows, int64_t fir
   sm[1].finish(ot[1], n1, d, out + kTileRows * out_stride, out_stride, lse != nullptr ? lse + kTileRows : nullptr);
 }
 
-// Up to tile_rows(amx, window) query rows: attend_tile_pair for 17-32 rows
-// without AMX or a window, attend_tile otherwise.
+// Up to tile_rows(amx, window) query rows: attend_pair_amx for 17-32 rows with
+// AMX, attend_tile_pair for them without AMX or a window, attend_tile otherwise.
 template <bool kAmx, typename OutT>
 void attend_rows(const uint16_t* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
                  const uint16_t* k_packed, const uint16_t* v_packed, const Layout& lay, float scale,
                  int64_t window, OutT* out, int64_t out_stride, float* lse = nullptr) {
+#ifdef PAGODA_AMX
+  if (kAmx && rows > kTileRows)
+    return attend_pair_amx(q, q_stride, rows, first_pos, row_step, k_packed, v_packed, lay, scale, window, out,
+                           out_stride, lse);
+#endif
   if (!kAmx && window <= 0 && rows > kTileRows)
     return attend_tile_pair(q, q_stride, rows, first_pos, row_step, k_packed, v_packed, lay, scale, out,
                             out_stride, lse);
