@@ -9,10 +9,11 @@
 //      K rows contiguous ([chunk][32 keys][head_dim]) and V transposed
 //      ([chunk][head_dim][32 keys]);
 //   2. attend: (sequence, query head, up to 64 query rows) items, handed out
-//      longest first through an atomic counter, because this machine's cores run
-//      at uneven speeds and static halves leave one waiting.
+//      through an atomic counter, because this machine's cores run at uneven
+//      speeds and static halves leave one waiting: one (sequence, KV head)'s
+//      items at a time, longest first within it (work_items).
 // float32 skips the packing (its tiles read cache rows as they are) and attends
-// the same items.
+// the same items, longest first across all of them.
 //
 // Shapes:
 //   query, out:        [num_tokens, num_heads, head_dim] bf16 or float32; query's rows may be
@@ -44,7 +45,15 @@ struct Item {
 };
 
 // (sequence, head, up to 64 rows) items, costliest (rows x keys seen) first.
-std::vector<Item> work_items(const int32_t* lens, const int64_t* ranges, int64_t num_seqs, int64_t num_heads) {
+// With `group` (query heads per KV head), one (sequence, KV head) at a time
+// instead, costliest first within it and the costliest such group first: the
+// threads then read one packed context while it sits in their L2 (256 KB for
+// 1024 keys at head_dim 64) rather than cycling through all of them, and the
+// last items handed out are still the cheapest. Ordered by cost alone, the bf16
+// kernel (AMX Xeon, family 6 model 167, 4 x 1024 tokens, 9 heads / 3 KV heads;
+// three runs of 30-40 alternating calls) took 1.03-1.06x the time.
+std::vector<Item> work_items(const int32_t* lens, const int64_t* ranges, int64_t num_seqs, int64_t num_heads,
+                             int64_t group = 0) {
   std::vector<Item> items;
   for (int64_t s = 0; s < num_seqs; ++s)
     for (int64_t r = ranges[2 * s]; r < ranges[2 * s + 1]; r += kItemRows) {
@@ -53,6 +62,16 @@ std::vector<Item> work_items(const int32_t* lens, const int64_t* ranges, int64_t
       for (int64_t h = 0; h < num_heads; ++h) items.push_back({s, h, r, rows, rows * end_pos});
     }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  if (group > 0) {
+    const int64_t kv_heads = num_heads / group;
+    auto key = [&](const Item& it) { return it.seq * kv_heads + it.head / group; };
+    std::vector<int64_t> total(num_seqs * kv_heads, 0);
+    for (const Item& it : items) total[key(it)] += it.cost;
+    std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+      const int64_t ka = key(a), kb = key(b);
+      return total[ka] != total[kb] ? total[ka] > total[kb] : ka < kb;
+    });
+  }
   return items;
 }
 
@@ -157,7 +176,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
     }
   });
 
-  const std::vector<Item> items = work_items(lens, ranges, num_seqs, lay.num_heads);
+  const std::vector<Item> items = work_items(lens, ranges, num_seqs, lay.num_heads, group);
   std::atomic<int64_t> next{0};
   const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
