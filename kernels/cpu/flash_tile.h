@@ -131,9 +131,9 @@ void pack_context(const uint16_t* k_cache, const uint16_t* v_cache, const int32_
 // vscalefps multiplies by 2^floor(x) itself: 5 instructions where a degree-4
 // fit around round, subtract and scale by the rounded value took 8 uops (the
 // softmax is most of a prefill tile's vector work; degree 4 on [0, 1): 1.03x
-// the time of degree 3 for the AMX prefill kernel, 4 x 1024 tokens). Finite x only: scalef takes floor(x) below -126 to 0 on
-// its own. kClamp first clamps at -126, so -inf (a masked score) gives a tiny
-// positive for the caller to zero.
+// the time of degree 3 for the AMX prefill kernel, 4 x 1024 tokens). Finite x
+// only: scalef takes floor(x) below -126 to 0 on its own. kClamp first clamps at
+// -126, so -inf (a masked score) gives a tiny positive for the caller to zero.
 template <bool kClamp>
 inline __m512 exp2_nonpositive(__m512 x) {
   if constexpr (kClamp) x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
@@ -370,7 +370,7 @@ struct TileSoftmax {
     // A query with no key yet keeps m = -inf: shift by 0 so nothing becomes NaN.
     const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf(), _CMP_EQ_OQ);
     base = _mm512_mask_blend_ps(none, mx, zero);
-    // Unshifted, alpha is exactly 1: the polynomial's 2^0 is 1 + 1 ulp, and the
+    // Unshifted, alpha is exactly 1: the polynomial's 2^0 is 1 - 7e-5, and the
     // resident O^T is not multiplied by it.
     const __m512 alpha = !shifted ? _mm512_set1_ps(1.f)
                                   : _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, neg_inf(), _CMP_NEQ_OQ),
