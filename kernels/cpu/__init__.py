@@ -46,6 +46,7 @@ _HEADERS = [
         "flash_tile_pair.h",
         "flash_block_amx.h",
         "flash_tile_f32.h",
+        "panel_block_dp.h",
         "kernel_api.h",
         "linear_fn.h",
     )

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "amx.h"
+#include "panel_block_dp.h"
 #include "vec16.h"
 
 
@@ -42,50 +43,6 @@ namespace {
 constexpr int kPanel = 32;  // output columns per panel: two 16-lane accumulators
 
 #ifdef __AVX512BF16__
-// rows x 32 columns of out = x W_panel^T (+ bias), over all of K.
-// Lines [0, lines) from pf (may be null) are prefetched into L2 along the way.
-template <int kRows>
-inline void panel_block(const uint16_t* x, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
-                        int64_t ldo, const char* pf, int64_t lines, bool stream) {
-  __m512 acc[kRows][2];
-  const __m512 b0 = bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-  for (int r = 0; r < kRows; ++r) acc[r][0] = b0, acc[r][1] = b1;
-  if (pf == nullptr) lines = 0;
-  int64_t due = 0;
-  for (int64_t kp = 0; kp < k / 2; ++kp) {
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel);
-    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
-    // 2 KB ahead in the panel, both lines of the k pair (one line only left every
-    // other line to the hardware prefetcher, which stops at page boundaries; a
-    // Zen 4 core, SmolLM2's linears cold: step 0.98x at 16 rows, 0.99x at 36).
-    _mm_prefetch(reinterpret_cast<const char*>(panel + kp * 2 * kPanel + 1024), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(panel + kp * 2 * kPanel + 1024 + kPanel), _MM_HINT_T0);
-    // lines / (k / 2) per k pair, spread by a running remainder (no division).
-    for (due += lines; due >= k / 2; due -= k / 2, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-    for (int r = 0; r < kRows; ++r) {
-      uint32_t pair;
-      std::memcpy(&pair, x + r * k + 2 * kp, 4);
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
-    }
-  }
-  if (stream) {  // whole 64-byte lines past the caches (see kStreamAbove)
-    for (int r = 0; r < kRows; ++r) {
-      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(acc[r][0])),
-                                              (__m256i)_mm512_cvtneps_pbh(acc[r][1]), 1);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + r * ldo), line);
-    }
-    return;
-  }
-  for (int r = 0; r < kRows; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r][0]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 16), (__m256i)_mm512_cvtneps_pbh(acc[r][1]));
-  }
-}
-
-constexpr int kMaxRows = 12;  // 24 accumulators + 2 panel registers of 32
 // The many-row path: x past 1 MB (this Zen 5's L2; up to there panel-major
 // reads x from L2 and keeps the next-panel prefetch) goes out in row chunks of
 // about 128 KB. One layer's linears on one Zen 5 core (thread CPU time, medians
@@ -101,21 +58,7 @@ constexpr int64_t kChunkBytes = 128 * 1024;
 constexpr int64_t kStreamAbove = 1024 * 1024;
 constexpr int64_t kChunkAbove = 1024 * 1024;
 
-void run_block(int rows, const uint16_t* x, int64_t k, const uint16_t* panel, const float* bias, uint16_t* out,
-               int64_t ldo, const char* pf, int64_t lines, bool stream = false) {
-  switch (rows) {
-#define PAGODA_ROWS(r) \
-  case r:              \
-    return panel_block<r>(x, k, panel, bias, out, ldo, pf, lines, stream);
-    PAGODA_ROWS(1) PAGODA_ROWS(2) PAGODA_ROWS(3) PAGODA_ROWS(4) PAGODA_ROWS(5) PAGODA_ROWS(6)
-    PAGODA_ROWS(7) PAGODA_ROWS(8) PAGODA_ROWS(9) PAGODA_ROWS(10) PAGODA_ROWS(11) PAGODA_ROWS(12)
-#undef PAGODA_ROWS
-    default:
-      TORCH_CHECK(false, "run_block: ", rows, " rows");
-  }
-}
-
-// Rows of a unit's output at once: 12 (vdpbf16ps) or 32 (two AMX tiles).
+// Rows of an AMX unit's output at once (two tiles).
 constexpr int kScratchRows = 32;
 
 // 16 lanes of out = silu(gate) * up from scratch rows of [gate 32 | up 32]:
@@ -402,41 +345,71 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
   const int64_t units = silu ? panels / 2 : panels, n_out = units * kPanel;
   auto panel_of = [&](int64_t p) { return wp + p * (k / 2) * 2 * kPanel; };
   auto bias_of = [&](int64_t p) { return bp != nullptr ? bp + p * kPanel : nullptr; };
+#ifdef PAGODA_AMX
   // Output unit u, rows [first, first + rows): `block(panel, bias, dst, ldd)` writes
   // those rows of one panel's product to dst. Plainly that is out's columns of
   // panel u; with silu, panels u (gate) and u + units (up) go to a scratch tile
-  // side by side, and silu(gate) * up to out's columns of unit u.
-  // With a SiluPipe (AMX) the unit's SiLU is posted to it, to run during the
+  // side by side, whose silu(gate) * up is posted to the pipe, to run during the
   // next unit's products.
   auto unit = [&](int64_t u, int64_t first, int rows, SiluPipe* pipe, auto&& block) {
     if (!silu) return block(panel_of(u), bias_of(u), op + first * n_out + u * kPanel, n_out);
-    alignas(64) uint16_t local[kScratchRows * 2 * kPanel];
-    uint16_t* scratch = pipe != nullptr ? pipe->next() : local;
+    uint16_t* scratch = pipe->next();
     block(panel_of(u), bias_of(u), scratch, 2 * kPanel);
     block(panel_of(u + units), bias_of(u + units), scratch + kPanel, 2 * kPanel);
-    uint16_t* dst = op + first * n_out + u * kPanel;
-    if (pipe != nullptr) return pipe->post(rows, dst, n_out, k);
-    for (int v = 0; v < 2 * rows; ++v) silu_and_mul_vector(scratch, v, dst, n_out);
+    pipe->post(rows, op + first * n_out + u * kPanel, n_out, k);
   };
-#ifdef PAGODA_AMX
   if (k % 32 == 0 && use_amx()) {
     amx_linear(xp, m, k, units, silu ? 2 : 1, unit);
     return out;
   }
 #endif
-  // Even blocks of at most 12 rows (32 rows: 11 + 11 + 10, not 12 + 12 + 4 + 4):
-  // a short block pays the same panel loads for fewer products.
-  auto block_rows = [](int64_t left) {
-    const int64_t blocks = (left + kMaxRows - 1) / kMaxRows;
+  // vdpbf16ps (panel_block_dp.h): units of two panels, 64 columns of out or, with
+  // silu, a unit's gate and up panels side by side in a scratch block, then
+  // silu(gate) * up to its 32 columns. Plainly unit q is panels 2q and 2q + 1
+  // (the last alone when N / 32 is odd).
+  // Few rows of a plain linear with few panels (decode's o and down: 18) go one
+  // panel a unit instead, in blocks of up to 12 rows: the units are what the
+  // threads share out, and 9 units over 2 threads left one idle for a ninth of
+  // the call (SmolLM2's o and down at 12-36 rows on a Zen 4: 1.06x the time of
+  // single panels).
+  const int64_t threads = at::get_num_threads();
+  const bool chunked = m * k * 2 > kChunkAbove;
+  const int per_unit = silu || chunked || panels >= 16 * threads ? 2 : 1;
+  const int max_rows = per_unit == 2 ? pagoda_dp::kMaxRows<2> : pagoda_dp::kMaxRows<1>;
+  const int64_t dp_units = silu ? units : (panels + per_unit - 1) / per_unit;
+  // Unit q's panels and biases; returns how many (1 or 2).
+  auto unit_panels = [&](int64_t q, const uint16_t** p, const float** b) {
+    const int64_t first = silu ? q : per_unit * q, second = silu ? q + units : first + 1;
+    p[0] = panel_of(first), b[0] = bias_of(first);
+    if (per_unit == 1 || second == panels) return 1;
+    p[1] = panel_of(second), b[1] = bias_of(second);
+    return 2;
+  };
+  // Rows [first, first + rows) of unit q, prefetching pf into L2 along the way.
+  auto dp_unit = [&](int64_t q, int64_t first, int rows, const pagoda_dp::PanelPrefetch& pf, bool stream) {
+    const uint16_t* p[2] = {nullptr, nullptr};
+    const float* b[2] = {nullptr, nullptr};
+    const uint16_t* xr = xp + first * k;
+    uint16_t* dst = op + first * n_out + per_unit * q * kPanel;
+    if (unit_panels(q, p, b) == 1) return pagoda_dp::run_block<1>(rows, xr, k, p, b, dst, n_out, pf, stream);
+    if (!silu) return pagoda_dp::run_block<2>(rows, xr, k, p, b, dst, n_out, pf, stream);
+    alignas(64) uint16_t scratch[pagoda_dp::kMaxRows<2> * 2 * kPanel];
+    pagoda_dp::run_block<2>(rows, xr, k, p, b, scratch, 2 * kPanel, pf, false);
+    dst = op + first * n_out + q * kPanel;
+    for (int v = 0; v < 2 * rows; ++v) silu_and_mul_vector(scratch, v, dst, n_out);
+  };
+  // Even blocks of at most max_rows rows (32 rows at 6: 6 + 6 + 5 + 5 + 5 + 5, not
+  // 5 x 6 + 2): a short block pays the same panel loads for fewer products.
+  auto block_rows = [&](int64_t left) {
+    const int64_t blocks = (left + max_rows - 1) / max_rows;
     return static_cast<int>((left + blocks - 1) / blocks);
   };
   // Many rows (prefill): x outgrows L2, and panel-major order would stream all
   // of it from L3 once per panel. Chunks of rows that stay in L2 go out instead,
   // each running against every panel (the weight, a few MB, then streams from
   // L3 once per chunk, at hundreds of FLOPs per byte).
-  const int64_t chunk_rows = std::max<int64_t>(kMaxRows, kChunkBytes / (2 * k) / kMaxRows * kMaxRows);
-  if (m * k * 2 > kChunkAbove) {
-    const int64_t threads = at::get_num_threads();
+  const int64_t chunk_rows = std::max<int64_t>(max_rows, kChunkBytes / (2 * k) / max_rows * max_rows);
+  if (chunked) {
     // A multiple of the thread count, so no thread idles through a lone last chunk.
     const int64_t chunks = ((m + chunk_rows - 1) / chunk_rows + threads - 1) / threads * threads;
     const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
@@ -444,48 +417,51 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& packed,
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
       for (int64_t c = next_chunk++; c * rows_per_chunk < m; c = next_chunk++) {
         const int64_t r0 = c * rows_per_chunk, r1 = std::min(m, r0 + rows_per_chunk);
-        for (int64_t u = 0; u < units; ++u)
+        for (int64_t q = 0; q < dp_units; ++q)
           for (int64_t r = r0; r < r1;) {
             const int rows = block_rows(r1 - r);
-            unit(u, r, rows, nullptr, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
-              run_block(rows, xp + r * k, k, panel, b, o, ldo, nullptr, 0);
-            });
+            dp_unit(q, r, rows, {}, false);
             r += rows;
           }
       }
     });
     return out;
   }
-  const int64_t nb = (m + kMaxRows - 1) / kMaxRows;
-  // Block j of a unit's panel prefetches slice j of a panel the thread does
+  const int64_t nb = (m + max_rows - 1) / max_rows;
+  // Block j of a unit prefetches slice j of the panels of a unit the thread does
   // later into L2, so the weight stream overlaps the blocks that compute from
   // cache. Without it the first block of each panel waited on DRAM (SmolLM2
   // gate/up at 32 rows, cold: 636 GFLOP/s, against 908 with the weight in cache).
   // Units go out through an atomic counter, each thread holding the unit it
-  // works on, the next one (whose panel is already in L2) and one more, claimed
-  // as it starts a unit, whose panel it prefetches: these cores run at uneven
+  // works on, the next one (whose panels are already in L2) and one more, claimed
+  // as it starts a unit, whose panels it prefetches: these cores run at uneven
   // speeds, and with static halves one waited at the end of every linear. Two
   // ahead rather than one: 30 SmolLM2 layers, weights cold, 0.95-0.98x at 1-64
   // rows (a thread's second unit gets no software prefetch).
-  const int64_t panel_lines = k * kPanel * 2 / 64, slice = (panel_lines + nb - 1) / nb;
+  const int64_t panel_lines = k * kPanel * 2 / 64;
+  const int64_t per = (panel_lines + nb - 1) / nb;
+  auto slice = [&](int64_t q, int64_t j) {
+    pagoda_dp::PanelPrefetch pf;
+    if (q >= dp_units) return pf;
+    const uint16_t* p[2] = {nullptr, nullptr};
+    const float* b[2];
+    const int count = unit_panels(q, p, b);
+    const int64_t begin = std::min(j * per, panel_lines);
+    pf.at = reinterpret_cast<const char*>(p[0]) + 64 * begin, pf.lines = std::min(per, panel_lines - begin);
+    if (count == 2) pf.second = reinterpret_cast<const char*>(p[1]) - reinterpret_cast<const char*>(p[0]);
+    return pf;
+  };
   const bool stream = !silu && m * n_out * 2 > kStreamAbove && reinterpret_cast<uintptr_t>(op) % 64 == 0;
   std::atomic<int64_t> next_unit{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t u = next_unit++, a1 = next_unit++; u < units;) {
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t q = next_unit++, a1 = next_unit++; q < dp_units;) {
       const int64_t after = next_unit++;
       for (int64_t r = 0, j = 0; r < m; ++j) {
         const int rows = block_rows(m - r);
-        unit(u, r, rows, nullptr, [&](const uint16_t* panel, const float* b, uint16_t* o, int64_t ldo) {
-          // The same half (gate or up) of the unit after next.
-          const uint16_t* next = after >= units ? nullptr : panel == panel_of(u) ? panel_of(after)
-                                                                                 : panel_of(after + units);
-          const int64_t first = std::min(j * slice, panel_lines), lines = std::min(slice, panel_lines - first);
-          run_block(rows, xp + r * k, k, panel, b, o, ldo,
-                    next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + 64 * first, lines, stream);
-        });
+        dp_unit(q, r, rows, slice(after, j), stream);
         r += rows;
       }
-      u = a1;
+      q = a1;
       a1 = after;
     }
     if (stream) _mm_sfence();  // the streamed lines visible before the linear returns

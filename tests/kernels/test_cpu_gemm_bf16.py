@@ -27,7 +27,8 @@ def test_panels_hold_column_pairs():
 
 # K = 576 takes AMX tiles where the CPU has them (16-row blocks, paired, a padded
 # tail; 1000 rows span three L2 chunks); K = 584 (not a multiple of 32) always
-# takes the vdpbf16ps loop (blocks of at most 12 rows).
+# takes the vdpbf16ps loop (blocks of at most 6 rows against two panels at a
+# time; 96 columns leave the third panel alone).
 @pytest.mark.parametrize("k", [576, 584])
 @pytest.mark.parametrize("rows", [1, 3, 4, 12, 13, 16, 17, 31, 32, 33, 48, 64, 150, 1000])
 @pytest.mark.parametrize("bias", [False, True])
