@@ -9,12 +9,14 @@
 //   layers at 32 rows, weights cold) 16 vs 39 ms for oneDNN's prepacked linear;
 //   level with it from 256 to 2048 rows (610-740 vs 620-800 GFLOP/s per shape).
 //   The vdpbf16ps loop below ran at 135 GFLOP/s there.
-// * AVX512-BF16: a block of at most 12 rows (blocks evened out) with up to 24
-//   accumulators: per pair of k, two panel loads, one broadcast bf16 pair of x
-//   per row, two vdpbf16ps per row; each block prefetches a slice of the next
-//   panel. On a Zen 5 (30 layers, weights cold): 8.3 vs 12.5 ms for oneDNN at
-//   32 rows (820 GFLOP/s; 880 with the weights in cache), 15.8 vs 19.9 at 64,
-//   and 945 vs 923 GFLOP/s at 512 rows.
+// * AVX512-BF16 (panel_block_dp.h): a block of at most 6 rows (blocks evened
+//   out) against two panels, 24 accumulators: per pair of k, four panel loads,
+//   one broadcast bf16 pair of x per row, four vdpbf16ps per row; each block
+//   prefetches a slice of a later unit's panels. Single panels in blocks of up
+//   to 12 rows where pairs would leave too few units to share out. On a Zen 5
+//   (30 layers, weights cold, 12 rows x one panel then): 8.3 vs 12.5 ms for
+//   oneDNN at 32 rows (820 GFLOP/s; 880 with the weights in cache), 15.8 vs
+//   19.9 at 64, and 945 vs 923 GFLOP/s at 512 rows.
 //
 // Shapes:
 //   weight:  [N, K] bf16, N a multiple of 32, K even
