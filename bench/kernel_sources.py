@@ -1,6 +1,6 @@
 """Kernel source files at a git ref or in the working tree, staged for a bench's
 own build of them (bench/avx2_small_m_ab.py, bench/decode_attention_ab.py,
-bench/gemv_ab.py, bench/kernel_ab.py)."""
+bench/gemm_bf16_ab.py, bench/gemv_ab.py, bench/kernel_ab.py)."""
 
 from __future__ import annotations
 
