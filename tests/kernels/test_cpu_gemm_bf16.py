@@ -65,6 +65,32 @@ def test_many_rows_in_chunks_equal_the_rows_in_slices_bit_for_bit(silu):
     assert torch.equal(linear(x, packed, None), sliced)
 
 
+@pytest.mark.parametrize("rows", [7, 36, 64])
+def test_panels_paired_or_alone_give_the_same_bits(rows):
+    """Without AMX (K = 584 keeps to the vdpbf16ps loop) a plain linear with 16+
+    panels per thread runs blocks of up to 6 rows against two panels, here 16 x
+    threads + 1 panels (pairs, then the last alone); 64 columns at a time have
+    too few panels to share out and run blocks of up to 12 rows against one. The
+    same k-ordered sums, from the bias up."""
+    gen = torch.Generator().manual_seed(rows)
+    n = 32 * (16 * torch.get_num_threads() + 1)
+    weight = torch.randn(n, 584, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 584, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16)
+    out = kernels.bf16_panel_linear(x, kernels.pack_bf16_panels(weight), b)
+    narrow = torch.cat(
+        [
+            kernels.bf16_panel_linear(
+                x, kernels.pack_bf16_panels(weight[i : i + 64].contiguous()), b[i : i + 64]
+            )
+            for i in range(0, n, 64)
+        ],
+        dim=1,
+    )
+    assert torch.equal(out, narrow)
+    _assert_near_float64_product(out, x, weight, b)
+
+
 @pytest.mark.parametrize("silu", [False, True])
 def test_row_pairs_over_groups_of_panels_equal_one_block_at_a_time_bit_for_bit(silu):
     """With AMX a row pair runs against a group of panels (about 1 MB: 8 at
