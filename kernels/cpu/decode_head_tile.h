@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -163,6 +164,83 @@ inline void for_each_token(const scalar_t* base, const SeqLayout& s, int64_t col
   }
 }
 
+#ifdef __AVX512BF16__
+// One head's probabilities [span] (float, in place) -> bf16 in the same bytes'
+// first half, in token order, with a zero after the last: token pairs (t, t + 1)
+// from the first attended token are then the 32-bit words of that half.
+inline void probs_to_bf16_pairs(float* p, int64_t span) {
+  auto* out = reinterpret_cast<uint16_t*>(p);
+  int64_t j = 0;
+  for (; j + kLanes <= span; j += kLanes)  // reads [j, j + 16) before writing over [j / 2, j / 2 + 8) of it
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j)));
+  for (; j < span; ++j) {
+    const __m256bh one = _mm512_cvtneps_pbh(_mm512_set1_ps(p[j]));
+    const auto bits = static_cast<uint16_t>(_mm_extract_epi16(_mm256_castsi256_si128((__m256i)one), 0));
+    std::memcpy(out + j, &bits, 2);
+  }
+  const uint16_t zero = 0;
+  std::memcpy(out + span, &zero, 2);  // the lone last token's partner (bytes 2 span .. 2 span + 1 < 4 span)
+}
+
+// Pass 2 of attend_head_tile with bf16 V on AVX512-BF16: acc[i] = sum_t p[i, t] v_t
+// two tokens per vdpbf16ps, rows t and t + 1 interleaved (vpunpck{l,h}wd, within
+// each 128-bit lane) against (p_t, p_t+1) rounded to bf16 — as the prefill's
+// flash tiles and transformers' bf16 attention round the probabilities. Where
+// each token took 4 widenings and 4 FMAs per head, a pair takes 4 interleaves
+// and 4 vdpbf16ps per head. The accumulators' lanes come out in interleave order
+// and are put back in dimension order at the end.
+template <int kChunks, int kG, typename scalar_t>
+inline void pair_dot_values(const scalar_t* v_base, const SeqLayout& s, int64_t col, int64_t span, float* scores,
+                            vec16 (&acc)[kG][kChunks]) {
+  constexpr int kDim = kChunks * kLanes;
+  for (int i = 0; i < kG; ++i) probs_to_bf16_pairs(scores + i * span, span);
+  __m512 pacc[kG][kChunks];
+  for (int i = 0; i < kG; ++i)
+    for (int c = 0; c < kChunks; ++c) pacc[i][c] = _mm512_setzero_ps();
+  // Tokens j, j + 1 of the span (b: null past the last).
+  auto pair = [&](const scalar_t* a, const scalar_t* b, int64_t j) {
+    __m512bh vp[kChunks];
+    for (int h = 0; h < kChunks / 2; ++h) {
+      const __m512i ra = _mm512_loadu_si512(a + h * 32);
+      const __m512i rb = b != nullptr ? _mm512_loadu_si512(b + h * 32) : _mm512_setzero_si512();
+      vp[2 * h] = (__m512bh)_mm512_unpacklo_epi16(ra, rb);
+      vp[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(ra, rb);
+    }
+    for (int i = 0; i < kG; ++i) {
+      uint32_t probs;
+      std::memcpy(&probs, reinterpret_cast<const uint16_t*>(scores + i * span) + j, 4);
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(probs));
+      for (int c = 0; c < kChunks; ++c) pacc[i][c] = _mm512_dpbf16_ps(pacc[i][c], pp, vp[c]);
+    }
+  };
+  const scalar_t* held = nullptr;
+  for_each_token<kHeadPrefetchBlocks>(v_base, s, col, kDim, [&](const scalar_t* v, int64_t t) {
+    if (held == nullptr) {
+      held = v;
+      return;
+    }
+    pair(held, v, t - 1 - s.first);
+    held = nullptr;
+  });
+  if (held != nullptr) pair(held, nullptr, span - 1);
+  // Lane 4 L + w of the low (high) interleave holds dimension 8 L + w (8 L + 4 + w)
+  // of its 32; dimension d of the first 16 is lane (d / 8) * 4 + d % 8 % 4 of the
+  // low (d % 8 < 4) or high one, the last 16 the same from L = 2.
+  alignas(64) int32_t first[16], second[16];
+  for (int d = 0; d < 16; ++d) {
+    const int from = (d % 8 < 4 ? 0 : 16) + d / 8 * 4 + d % 4;
+    first[d] = from, second[d] = from + 8;
+  }
+  const __m512i idx_first = _mm512_load_si512(first), idx_second = _mm512_load_si512(second);
+  for (int i = 0; i < kG; ++i)
+    for (int h = 0; h < kChunks / 2; ++h) {
+      acc[i][2 * h] = reinterpret_cast<vec16>(_mm512_permutex2var_ps(pacc[i][2 * h], idx_first, pacc[i][2 * h + 1]));
+      acc[i][2 * h + 1] =
+          reinterpret_cast<vec16>(_mm512_permutex2var_ps(pacc[i][2 * h], idx_second, pacc[i][2 * h + 1]));
+    }
+}
+#endif
+
 // Query heads head0 .. head0 + kG - 1 (all of KV head h) of one sequence.
 // q_row/o_row: the sequence's [num_heads, head_dim] rows; scores: kG x span floats.
 // For one part of a split sequence o_row is float and lse_row ([num_heads]) gets
@@ -233,14 +311,20 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
 
   // Pass 2: out_i = sum_t p[i, t] v_t, accumulated in registers.
   vec16 acc[kG][kChunks] = {};
-  for_each_token<kHeadPrefetchBlocks>(v_base, s, col, kDim, [&](const scalar_t* v, int64_t t) {
-    vec16 vv[kChunks];
-    for (int c = 0; c < kChunks; ++c) vv[c] = load(v + c * kLanes);
-    for (int i = 0; i < kG; ++i) {
-      const float p = scores[i * span + (t - s.first)];
-      for (int c = 0; c < kChunks; ++c) acc[i][c] += p * vv[c];
-    }
-  });
+  if constexpr (kPairDots) {
+#ifdef __AVX512BF16__
+    pair_dot_values<kChunks, kG>(v_base, s, col, span, scores, acc);
+#endif
+  } else {
+    for_each_token<kHeadPrefetchBlocks>(v_base, s, col, kDim, [&](const scalar_t* v, int64_t t) {
+      vec16 vv[kChunks];
+      for (int c = 0; c < kChunks; ++c) vv[c] = load(v + c * kLanes);
+      for (int i = 0; i < kG; ++i) {
+        const float p = scores[i * span + (t - s.first)];
+        for (int c = 0; c < kChunks; ++c) acc[i][c] += p * vv[c];
+      }
+    });
+  }
   for (int i = 0; i < kG; ++i) {
     store_head<out_t, kChunks>(acc[i], weights[i], prefix, head0 + i, group, o_row);
     if (lse_row != nullptr) lse_row[head0 + i] = weights[i].lse;
