@@ -10,7 +10,8 @@
 //
 // Same arithmetic, in the same order, as the token-major loop it replaced: q . k
 // in bf16 pairs (AVX512-BF16) or in float32, scores summed 16 tokens at a time by
-// sum16, out = sum_t p_t v_t in token order.
+// sum16, out = sum_t p_t v_t in token order — over bf16 V with AVX512-BF16, two
+// tokens at a time with p rounded to bf16 (pair_dot_values).
 #pragma once
 
 #include <algorithm>

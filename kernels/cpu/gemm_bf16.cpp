@@ -8,7 +8,7 @@
 //   two 16-column B tiles, four C tiles. On a 2-core Xeon with AMX (30 SmolLM2
 //   layers at 32 rows, weights cold) 16 vs 39 ms for oneDNN's prepacked linear;
 //   level with it from 256 to 2048 rows (610-740 vs 620-800 GFLOP/s per shape).
-//   The vdpbf16ps loop below ran at 135 GFLOP/s there.
+//   The vdpbf16ps loop (then 12 rows x one panel) ran at 135 GFLOP/s there.
 // * AVX512-BF16 (panel_block_dp.h): a block of at most 6 rows (blocks evened
 //   out) against two panels, 24 accumulators: per pair of k, four panel loads,
 //   one broadcast bf16 pair of x per row, four vdpbf16ps per row; each block
