@@ -167,20 +167,19 @@ inline void for_each_token(const scalar_t* base, const SeqLayout& s, int64_t col
 
 #ifdef __AVX512BF16__
 // One head's probabilities [span] (float, in place) -> bf16 in the same bytes'
-// first half, in token order, with a zero after the last: token pairs (t, t + 1)
-// from the first attended token are then the 32-bit words of that half.
+// first half, in token order (ties to even, as torch rounds), with a zero after
+// the last: token pairs (t, t + 1) from the first attended token are then the
+// 32-bit words of that half. Each group of 16 is read before its halves go over
+// the first 8 of those floats.
 inline void probs_to_bf16_pairs(float* p, int64_t span) {
   auto* out = reinterpret_cast<uint16_t*>(p);
   int64_t j = 0;
-  for (; j + kLanes <= span; j += kLanes)  // reads [j, j + 16) before writing over [j / 2, j / 2 + 8) of it
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j)));
-  for (; j < span; ++j) {
-    const __m256bh one = _mm512_cvtneps_pbh(_mm512_set1_ps(p[j]));
-    const auto bits = static_cast<uint16_t>(_mm_extract_epi16(_mm256_castsi256_si128((__m256i)one), 0));
-    std::memcpy(out + j, &bits, 2);
-  }
-  const uint16_t zero = 0;
-  std::memcpy(out + span, &zero, 2);  // the lone last token's partner (bytes 2 span .. 2 span + 1 < 4 span)
+  for (; j + kLanes <= span; j += kLanes) store_halves(out + j, bf16_halves(load(p + j)));
+  // The last 0-15 and the zero partner (2 span + 2 bytes in all, within 4 span).
+  alignas(64) float tail[kLanes] = {};
+  std::memcpy(tail, p + j, (span - j) * sizeof(float));
+  const hvec16 halves = bf16_halves(load(tail));
+  std::memcpy(out + j, &halves, (span - j + 1) * sizeof(uint16_t));
 }
 
 // Pass 2 of attend_head_tile with bf16 V on AVX512-BF16: acc[i] = sum_t p[i, t] v_t
