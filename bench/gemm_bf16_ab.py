@@ -69,6 +69,16 @@ def main() -> None:
     old, new = build(args.old, "pagoda_gemm_old"), build(None, "pagoda_gemm_new")
     gen = torch.Generator().manual_seed(0)
     flush = torch.ones(16 * 1024 * 1024)  # 64 MB: twice the L3 of the machines we meet
+    # Half a second of both sides' threads at work before anything is timed: the
+    # first ~100 calls after start-up ran at one thread's speed on a Zen 4 (qkv and
+    # o at 36 rows, hot: 212 GFLOP/s, then 400 once warm).
+    warm_x = torch.randn(36, 576, generator=gen).to(torch.bfloat16)
+    warm_w = torch.randn(960, 576, generator=gen).to(torch.bfloat16)
+    warm = [(m.bf16_panel_linear, m.pack_bf16_panels(warm_w)) for m in (old, new)]
+    until = time.perf_counter() + 0.5
+    while time.perf_counter() < until:
+        for fn, packed in warm:
+            fn(warm_x, packed, None)
     for rows in args.rows:
         for name, (n, k, silu) in SHAPES.items():
             if name == "lm_head" and rows > 64:

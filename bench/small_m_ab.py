@@ -101,8 +101,9 @@ def build(folder: Path, tag: str):
     out = Path("/tmp") / f"pagoda_small_m_ab_{tag}"
     src = out / "src"
     src.mkdir(parents=True, exist_ok=True)
-    for name in ("gemm_bf16.cpp", "gemv_bf16.cpp", "amx.h", "vec16.h"):
-        shutil.copyfile(folder / name, src / name)
+    # Every header: the two files include more of them as kernels move into their own.
+    for path in [folder / "gemm_bf16.cpp", folder / "gemv_bf16.cpp", *folder.glob("*.h")]:
+        shutil.copyfile(path, src / path.name)
     (src / "binding.cpp").write_text(_BINDING)
     mods = []
     for name, sources in (
