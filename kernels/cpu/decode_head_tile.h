@@ -8,10 +8,10 @@
 // 9/3 heads of 64, KV in cache, 73 us per layer. Each KV head reads its own 128
 // bytes of every token row, so K and V still stream once per step in all.
 //
-// Same arithmetic, in the same order, as the token-major loop it replaced: q . k
-// in bf16 pairs (AVX512-BF16) or in float32, scores summed 16 tokens at a time by
-// sum16, out = sum_t p_t v_t in token order — over bf16 V with AVX512-BF16, two
-// tokens at a time with p rounded to bf16 (pair_dot_values).
+// q . k in float32, scores summed 16 tokens at a time by sum16 — or, over bf16 K
+// with AVX512-BF16, in bf16 pairs two tokens to a vector, 32 at a time by two
+// sum16_pairs (pair_dot_keys); out = sum_t p_t v_t in token order — over bf16 V
+// with AVX512-BF16, two tokens at a time with p rounded to bf16 (pair_dot_values).
 #pragma once
 
 #include <algorithm>
@@ -182,6 +182,75 @@ inline void probs_to_bf16_pairs(float* p, int64_t span) {
   std::memcpy(out + j, &halves, (span - j + 1) * sizeof(uint16_t));
 }
 
+// Pass 1 of attend_head_tile with bf16 K on AVX512-BF16: scores[i, t] = scale *
+// q_i . k_t, two tokens per vector. Each 16-dimension chunk of rows t and t + 1
+// goes side by side into one register (a 256-bit load and an insert) against
+// that chunk of q_i in both halves, so one vdpbf16ps chain per head leaves t's
+// partial sums in lanes 0-7 and t + 1's in 8-15: the first level of the 16-token
+// transposing reduction is done by the products, and 32 tokens take two
+// sum16_pairs (7 shuffle-adds each) where one token a vector took two sum16
+// (15 each), with half the vectors stored and reloaded between.
+template <int kChunks, int kG, typename scalar_t>
+inline void pair_dot_keys(const scalar_t* q, const scalar_t* k_base, const SeqLayout& s, int64_t col, int64_t span,
+                          float scale, float* scores) {
+  constexpr int kDim = kChunks * kLanes;
+  __m512bh qq[kG][kChunks];
+  for (int i = 0; i < kG; ++i)
+    for (int c = 0; c < kChunks; ++c)
+      qq[i][c] = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kDim + c * kLanes)));
+  vec16 dots[kG][kLanes];  // per head, up to 16 token pairs
+  int64_t pending = 0, done = 0;  // pairs in dots; tokens already scored
+  auto flush = [&] {
+    // Whole only when every one of the 32 is a token (an odd span's last pair has
+    // the zero row, past the head's scores).
+    const bool whole = pending == kLanes && done + 2 * kLanes <= span;
+    for (int i = 0; i < kG; ++i) {
+      float* out = scores + i * span + done;
+      if (whole) {
+        for (int h = 0; h < 2; ++h) {
+          const vec16 r = sum16_pairs(dots[i] + 8 * h) * scale;
+          std::memcpy(out + 16 * h, &r, sizeof(r));
+        }
+        continue;
+      }
+      for (int64_t j = 0; j < 2 * pending && done + j < span; ++j) {
+        float total = 0.f;
+        for (int l = 0; l < 8; ++l) total += dots[i][j / 2][j % 2 * 8 + l];
+        out[j] = total * scale;
+      }
+    }
+    done += 2 * pending;
+    pending = 0;
+  };
+  auto pair = [&](const scalar_t* a, const scalar_t* b) {
+    __m512bh y[kChunks];
+    for (int c = 0; c < kChunks; ++c)
+      y[c] = (__m512bh)_mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c * kLanes))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c * kLanes)), 1);
+    for (int i = 0; i < kG; ++i) {
+      __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), qq[i][0], y[0]);
+      for (int c = 1; c < kChunks; ++c) d = _mm512_dpbf16_ps(d, qq[i][c], y[c]);
+      dots[i][pending] = reinterpret_cast<vec16>(d);
+    }
+    if (++pending == kLanes) flush();
+  };
+  const scalar_t* held = nullptr;
+  for_each_token<kHeadPrefetchBlocks>(k_base, s, col, kDim, [&](const scalar_t* k, int64_t) {
+    if (held == nullptr) {
+      held = k;
+      return;
+    }
+    pair(held, k);
+    held = nullptr;
+  });
+  if (held != nullptr) {  // an odd span: the last token against a zero row
+    alignas(64) const scalar_t zero[kDim] = {};
+    pair(held, zero);
+  }
+  if (pending > 0) flush();
+}
+
 // Pass 2 of attend_head_tile with bf16 V on AVX512-BF16: acc[i] = sum_t p[i, t] v_t
 // two tokens per vdpbf16ps, rows t and t + 1 interleaved (vpunpck{l,h}wd, within
 // each 128-bit lane) against (p_t, p_t+1) rounded to bf16 — as the prefill's
@@ -253,47 +322,34 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
   constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
   const int64_t span = s.len - s.first, col = h * kDim;
 
-  // Pass 1: scores[i, t] = q_i . k_t. Dot vectors of 16 tokens collect in `dots`;
-  // one transposing reduction (sum16) turns them into 16 scores.
-  vec16 q[kG][kChunks];
-  for (int i = 0; i < kG; ++i)
-    for (int c = 0; c < kChunks; ++c) q[i][c] = load(q_row + (head0 + i) * kDim + c * kLanes) * scale;
-  vec16 dots[kG][kLanes];
-  int64_t pending = 0;
-  // With pair dots the scale comes after: q . k in bf16 pairs straight from the
-  // rows (exact products, float32 sums).
-  const float dot_scale = kPairDots ? scale : 1.f;
-  auto flush = [&](int64_t t_end) {
-    const int64_t offset = t_end - pending - s.first;
-    for (int i = 0; i < kG; ++i) {
-      float* out = scores + i * span + offset;
-      if (pending == kLanes) {
-        sum16_store(dots[i], dot_scale, out);
-      } else {
-        for (int64_t j = 0; j < pending; ++j) out[j] = sum(dots[i][j]) * dot_scale;
-      }
-    }
-    pending = 0;
-  };
+  // Pass 1: scores[i, t] = q_i . k_t (scaled).
+  if constexpr (kPairDots) {
 #ifdef __AVX512BF16__
-  __m512bh qb[kG][kChunks / 2 + 1];
-  if constexpr (kPairDots)
+    // In bf16 pairs straight from the rows (exact products, float32 sums), the
+    // scale after.
+    pair_dot_keys<kChunks, kG>(q_row + head0 * kDim, k_base, s, col, span, scale, scores);
+#endif
+  } else {
+    // Dot vectors of 16 tokens collect in `dots`; one transposing reduction
+    // (sum16) turns them into 16 scores.
+    vec16 q[kG][kChunks];
     for (int i = 0; i < kG; ++i)
-      for (int c = 0; c < kChunks / 2; ++c)
-        qb[i][c] = (__m512bh)_mm512_loadu_si512(q_row + (head0 + i) * kDim + c * 32);
-#endif
-  for_each_token<kHeadPrefetchBlocks>(k_base, s, col, kDim, [&](const scalar_t* k, int64_t t) {
-    if constexpr (kPairDots) {
-#ifdef __AVX512BF16__
-      __m512bh kb[kChunks / 2];
-      for (int c = 0; c < kChunks / 2; ++c) kb[c] = (__m512bh)_mm512_loadu_si512(k + c * 32);
+      for (int c = 0; c < kChunks; ++c) q[i][c] = load(q_row + (head0 + i) * kDim + c * kLanes) * scale;
+    vec16 dots[kG][kLanes];
+    int64_t pending = 0;
+    auto flush = [&](int64_t t_end) {
+      const int64_t offset = t_end - pending - s.first;
       for (int i = 0; i < kG; ++i) {
-        __m512 d = _mm512_setzero_ps();
-        for (int c = 0; c < kChunks / 2; ++c) d = _mm512_dpbf16_ps(d, qb[i][c], kb[c]);
-        dots[i][pending] = reinterpret_cast<vec16>(d);
+        float* out = scores + i * span + offset;
+        if (pending == kLanes) {
+          sum16_store(dots[i], 1.f, out);
+        } else {
+          for (int64_t j = 0; j < pending; ++j) out[j] = sum(dots[i][j]);
+        }
       }
-#endif
-    } else {
+      pending = 0;
+    };
+    for_each_token<kHeadPrefetchBlocks>(k_base, s, col, kDim, [&](const scalar_t* k, int64_t t) {
       vec16 kv[kChunks];
       for (int c = 0; c < kChunks; ++c) kv[c] = load(k + c * kLanes);
       for (int i = 0; i < kG; ++i) {
@@ -301,10 +357,10 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
         for (int c = 1; c < kChunks; ++c) dot += q[i][c] * kv[c];
         dots[i][pending] = dot;
       }
-    }
-    if (++pending == kLanes) flush(t + 1);
-  });
-  if (pending > 0) flush(s.len);
+      if (++pending == kLanes) flush(t + 1);
+    });
+    if (pending > 0) flush(s.len);
+  }
 
   PartWeights weights[kG];
   for (int i = 0; i < kG; ++i) weights[i] = softmax_in_place(scores + i * span, span, prefix, head0 + i, group);

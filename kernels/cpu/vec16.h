@@ -146,13 +146,10 @@ inline float inv_rms(const float* h, int64_t n, float eps) {
   return 1.f / std::sqrt(total / static_cast<float>(n) + eps);
 }
 
-// out[i] = sum(v[i]) for 16 vectors: a transposing tree of 15 shuffle-adds, each
-// halving the lanes per token and doubling the tokens per register.
-inline vec16 sum16(const vec16* v) {
-  vec16 w[8], x[4], y[2];
-  for (int j = 0; j < 8; ++j)
-    w[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+// The last three levels of sum16: 8 vectors each holding two tokens' partial
+// sums (w[j]: token 2j in lanes 0-7, token 2j + 1 in 8-15) -> the 16 totals.
+inline vec16 sum16_pairs(const vec16* w) {
+  vec16 x[4], y[2];
   for (int j = 0; j < 4; ++j)
     x[j] = __builtin_shufflevector(w[2 * j], w[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
            __builtin_shufflevector(w[2 * j], w[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
@@ -161,6 +158,16 @@ inline vec16 sum16(const vec16* v) {
            __builtin_shufflevector(x[2 * j], x[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
   return __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// out[i] = sum(v[i]) for 16 vectors: a transposing tree of 15 shuffle-adds, each
+// halving the lanes per token and doubling the tokens per register.
+inline vec16 sum16(const vec16* v) {
+  vec16 w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  return sum16_pairs(w);
 }
 
 // out[i] = scale * sum(v[i]) for the 16 vectors at v.

@@ -28,9 +28,17 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
     ],
 )
 # 6 sequences, and 24: from 4 per thread (2 threads here) each thread reads the KV
-# of the sequence it claimed next while attending the one before.
+# of the sequence it claimed next while attending the one before. "pairs": spans
+# at the edges of the bf16 pair dots' 32-token reductions (an odd span's last
+# token goes with a zero row; at 31 mod 32 that pair closes a full 16).
 @pytest.mark.parametrize(
-    "seq_lens", [[1, 5, 16, 17, 100, 33], [1 + (i * 37) % 120 for i in range(24)]], ids=["6", "24"]
+    "seq_lens",
+    [
+        [1, 5, 16, 17, 100, 33],
+        [1 + (i * 37) % 120 for i in range(24)],
+        [31, 32, 33, 63, 64, 65, 95, 2],
+    ],
+    ids=["6", "24", "pairs"],
 )
 def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, window, seq_lens):
     torch.manual_seed(0)
