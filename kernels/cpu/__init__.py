@@ -47,6 +47,7 @@ _HEADERS = [
         "flash_block_amx.h",
         "flash_tile_f32.h",
         "panel_block_dp.h",
+        "panel_block_amx.h",
         "kernel_api.h",
         "linear_fn.h",
     )
