@@ -24,7 +24,14 @@ from bench.kernel_sources import kernel_file, load_staged
 from kernels.cpu import isa_flags
 from worker.runner.cpu_allocator import keep_freed_memory
 
-_FILES = ("gemm_bf16.cpp", "kernel_api.h", "amx.h", "vec16.h", "panel_block_dp.h", "panel_block_amx.h")
+_FILES = (
+    "gemm_bf16.cpp",
+    "kernel_api.h",
+    "amx.h",
+    "vec16.h",
+    "panel_block_dp.h",
+    "panel_block_amx.h",
+)
 _BINDING = b"""
 #include <torch/extension.h>
 #include "kernel_api.h"
