@@ -197,7 +197,8 @@ inline void pair_dot_keys(const scalar_t* q, const scalar_t* k_base, const SeqLa
   __m512bh qq[kG][kChunks];
   for (int i = 0; i < kG; ++i)
     for (int c = 0; c < kChunks; ++c)
-      qq[i][c] = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kDim + c * kLanes)));
+      qq[i][c] = (__m512bh)_mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kDim + c * kLanes)));
   vec16 dots[kG][kLanes];  // per head, up to 16 token pairs
   int64_t pending = 0, done = 0;  // pairs in dots; tokens already scored
   auto flush = [&] {

@@ -348,18 +348,21 @@ def test_priority_reorders_a_saturated_workers_queue(special):
         long_end, _, _ = await asyncio.gather(long, low, high)
         return started, long_end - sent
 
-    # Low first counts against the policy only where high was sent well before the
-    # long request ended: on a loaded host the long request (max-model-len caps it)
-    # can end before high reaches the worker's queue, and then low rightly goes
-    # first (one CI run did); such a trial is run again.
+    # On a loaded host the long request (max-model-len caps it) can end before high
+    # reaches the worker's queue, and then low rightly goes first: one CI run did
+    # with high sent 20-45 ms before the end, another with 91 ms (the router and
+    # worker sharing 2 cores with the test run). So a trial where low went first is
+    # run again; a policy that ignores priority puts low first in every one.
     margins = []
     for _ in range(5):
         order, margin = asyncio.run(trial())
         if order == [0, -5, 5]:
             return
-        assert margin < 0.04, f"high was sent {margin * 1000:.0f} ms before the long request ended"
         margins.append(round(margin * 1000, 1))
-    pytest.fail(f"the long request ended too soon after high was sent every time (ms): {margins}")
+    pytest.fail(
+        "low-priority started before high in 5 trials out of 5; high was sent this long "
+        f"before the long request ended (ms): {margins}"
+    )
 
 
 def test_priority_needs_the_priority_policy(served):
