@@ -343,7 +343,7 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
       for (int i = 0; i < kG; ++i) {
         float* out = scores + i * span + offset;
         if (pending == kLanes) {
-          sum16_store(dots[i], 1.f, out);
+          sum16_store(dots[i], out);
         } else {
           for (int64_t j = 0; j < pending; ++j) out[j] = sum(dots[i][j]);
         }

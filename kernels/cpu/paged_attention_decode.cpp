@@ -106,7 +106,7 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
       float* out = scores.data() + head * span + offset;
       const vec16* d = dots + head * kLanes;
       if (pending == kLanes) {
-        sum16_store(d, 1.f, out);
+        sum16_store(d, out);
       } else {
         for (int64_t i = 0; i < pending; ++i) out[i] = sum(d[i]);
       }

@@ -170,8 +170,8 @@ inline vec16 sum16(const vec16* v) {
   return sum16_pairs(w);
 }
 
-// out[i] = scale * sum(v[i]) for the 16 vectors at v.
-inline void sum16_store(const vec16* v, float scale, float* out) {
+// out[i] = sum(v[i]) for the 16 vectors at v.
+inline void sum16_store(const vec16* v, float* out) {
 #ifdef PAGODA_AVX2_HALVES
   // Per 8 vectors: add the halves, then hadd pairs twice, leaving each 128-bit
   // lane with 4 partial sums; adding the lanes gives 8 sums in order.
@@ -185,10 +185,10 @@ inline void sum16_store(const vec16* v, float scale, float* out) {
     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
     const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
     const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-    _mm256_storeu_ps(out + g * 8, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
+    _mm256_storeu_ps(out + g * 8, r);
   }
 #else
-  const vec16 r = sum16(v) * scale;
+  const vec16 r = sum16(v);
   std::memcpy(out, &r, sizeof(r));
 #endif
 }
