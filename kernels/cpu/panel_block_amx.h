@@ -17,11 +17,13 @@
 #include <vector>
 
 #include "amx.h"
+#include "panel_block_dp.h"
 
 #ifdef PAGODA_AMX
 namespace pagoda_amx {
 
-constexpr int kPanel = 32;  // output columns per panel: two 16-column B tiles
+// The panels' width, as the vdpbf16ps kernel reads them: here two 16-column B tiles.
+using pagoda_dp::kPanel;
 
 // With AMX the same panels are tile operands as they lie: rows kp .. kp + 15 of a
 // panel, at a 128-byte stride, are the B tile of columns 0-15 (first 64 bytes of
