@@ -46,6 +46,7 @@ _HEADERS = [
         "flash_tile_pair.h",
         "flash_block_amx.h",
         "flash_tile_f32.h",
+        "kv_half.h",
         "panel_block_dp.h",
         "panel_block_amx.h",
         "kernel_api.h",

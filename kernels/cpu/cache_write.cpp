@@ -7,7 +7,9 @@
 // Shapes:
 //   key, value:              [num_tokens, num_kv_heads, head_dim] (row stride free,
 //                            each row's heads contiguous)
-//   key_cache, value_cache:  [num_blocks, block_size, num_kv_heads, head_dim]
+//   key_cache, value_cache:  [num_blocks, block_size, num_kv_heads, head_dim], the rows'
+//                            dtype, or bf16/half under float32 rows (narrowed as
+//                            torch's .to rounds: kv_half.h)
 //   slot_mapping:            [num_tokens] int64, block * block_size + offset
 // The plain-PyTorch twin is write_kv_reference in kernels/paged_attention_reference.py.
 #include <torch/extension.h>
@@ -15,12 +17,17 @@
 
 #include <cstring>
 
+#include "kv_half.h"
+
 namespace {
 
 void check_rows(const torch::Tensor& rows, const torch::Tensor& cache, const char* name) {
   TORCH_CHECK(rows.dim() == 3 && rows.stride(2) == 1 && rows.stride(1) == rows.size(2), name,
               " must be [tokens, kv_heads, head_dim] with contiguous heads per row");
-  TORCH_CHECK(rows.scalar_type() == cache.scalar_type(), name, " and its cache differ in dtype");
+  TORCH_CHECK(rows.scalar_type() == cache.scalar_type() ||
+                  (rows.scalar_type() == torch::kFloat &&
+                   (cache.scalar_type() == torch::kBFloat16 || cache.scalar_type() == torch::kHalf)),
+              name, " must be in its cache's dtype (or float32 into a bf16/half cache)");
   TORCH_CHECK(rows.size(1) == cache.size(2) && rows.size(2) == cache.size(3), name,
               " does not match its cache's heads");
 }
@@ -40,6 +47,23 @@ void write_kv_cache(const torch::Tensor& key, const torch::Tensor& value, torch:
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < num_tokens; ++t)
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key and value caches differ in dtype");
+  if (key.scalar_type() != key_cache.scalar_type()) {
+    const int64_t row_elems = key.size(1) * key.size(2);
+    auto narrow = [&](auto* kc, auto* vc) {
+      const float* k = key.data_ptr<float>();
+      const float* v = value.data_ptr<float>();
+      at::parallel_for(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          narrow_row(k + t * key.stride(0), row_elems, kc + slots[t] * row_elems);
+          narrow_row(v + t * value.stride(0), row_elems, vc + slots[t] * row_elems);
+        }
+      });
+    };
+    if (key_cache.scalar_type() == torch::kBFloat16)
+      return narrow(key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>());
+    return narrow(key_cache.data_ptr<at::Half>(), value_cache.data_ptr<at::Half>());
+  }
   const int64_t row_bytes = key.size(1) * key.size(2) * key.element_size();
   const char* k = static_cast<const char*>(key.data_ptr());
   const char* v = static_cast<const char*>(value.data_ptr());

@@ -14,7 +14,8 @@
 // Shapes:
 //   query:            [num_tokens, num_heads, head_dim] bf16 or float32 (rows may be strided); decode rows
 //                     picked by query_rows
-//   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
+//   key/value_cache:  [num_blocks, block_size, num_kv_heads, head_dim], query's dtype, or
+//                     bf16/half under a float32 query (kv_half.h)
 //   prefix_table:     [>= prefix_len / block_size] int32, the blocks every sequence starts with
 //   query_rows:       [num_seqs] int64
 //   out:              [num_kv_heads, num_seqs * group, head_dim] float32: row seq * group + g
@@ -49,6 +50,7 @@ void gather_group_rows(const T* q, int64_t q_stride, const int64_t* qrows, int64
       std::memcpy(out + (h * rows + s * group) * d, q + qrows[s] * q_stride + h * group * d, group * d * sizeof(T));
 }
 
+template <typename cache_t>
 void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
                 const int32_t* table, int64_t prefix_len, const int64_t* qrows, int64_t num_seqs, float* o,
                 float* l, float scale) {
@@ -65,7 +67,7 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
     for (int64_t n = next++; n < num_kv_heads * tiles; n = next++) {
       const int64_t h = n / tiles, first = h * rows + (n % tiles) * kF32TileRows;
       const int count = static_cast<int>(std::min<int64_t>(kF32TileRows, (h + 1) * rows - first));
-      const F32Context ctx{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), table, prefix_len, h,
+      const F32Context<cache_t> ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(), table, prefix_len, h,
                            key_cache.size(1), num_kv_heads, d};
       attend_tile_f32(q_rows.data() + first * d, d, count, prefix_len - 1, 0, ctx, scale, 0, o + first * d, d,
                       l + first);
@@ -80,9 +82,11 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
                            int64_t prefix_len, const torch::Tensor& query_rows, torch::Tensor& out,
                            torch::Tensor& lse, double scale) {
   const bool bf16 = query.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
-                  value_cache.scalar_type() == query.scalar_type(),
-              "attention_over_prefix takes bf16 or float32, the same for query and caches");
+  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && value_cache.scalar_type() == key_cache.scalar_type() &&
+                  (key_cache.scalar_type() == query.scalar_type() ||
+                   (!bf16 && (key_cache.scalar_type() == torch::kBFloat16 || key_cache.scalar_type() == torch::kHalf))),
+              "attention_over_prefix takes bf16 or float32, the same for query and caches (or bf16/half caches "
+              "under a float32 query)");
   TORCH_CHECK(query_rows_of_heads(query) && key_cache.is_contiguous() && value_cache.is_contiguous(),
               "query needs contiguous heads (rows may be strided), caches must be contiguous");
   TORCH_CHECK(prefix_table.scalar_type() == torch::kInt32 && prefix_table.is_contiguous(),
@@ -107,9 +111,13 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   for (int64_t s = 0; s < num_seqs; ++s)
     TORCH_CHECK(qrows[s] >= 0 && qrows[s] < query.size(0), "query row ", qrows[s], " out of range");
   if (!bf16) {
-    prefix_f32(query, key_cache, value_cache, prefix_table.data_ptr<int32_t>(), prefix_len, qrows, num_seqs,
-               out.data_ptr<float>(), lse.data_ptr<float>(), static_cast<float>(scale));
-    return;
+    auto run = [&](auto tag) {
+      prefix_f32<decltype(tag)>(query, key_cache, value_cache, prefix_table.data_ptr<int32_t>(), prefix_len, qrows,
+                                num_seqs, out.data_ptr<float>(), lse.data_ptr<float>(), static_cast<float>(scale));
+    };
+    if (key_cache.scalar_type() == torch::kBFloat16) return run(at::BFloat16{});
+    if (key_cache.scalar_type() == torch::kHalf) return run(at::Half{});
+    return run(float{});
   }
 #ifdef PAGODA_PREFILL
   Layout lay{d, num_heads, num_kv_heads, block_size, kChunk * d};

@@ -20,7 +20,8 @@
 //                            cos/sin_cache [max_position, head_dim] (both halves equal)
 //   rope_write_kv:           qkv [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim] (row
 //                            stride free), positions and slot_mapping [num_tokens] int64,
-//                            key/value_cache [num_blocks, block_size, num_kv_heads, head_dim]
+//                            key/value_cache [num_blocks, block_size, num_kv_heads, head_dim] in
+//                            qkv's dtype, or bf16/half under float32 qkv (kv_half.h)
 // The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py (rope_write_kv:
 // rotary.py's, then write_kv_reference in kernels/paged_attention_reference.py).
 #include <torch/extension.h>
@@ -30,7 +31,9 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
+#include "kv_half.h"
 #include "vec16.h"
 
 namespace {
@@ -260,9 +263,10 @@ namespace {
 // one call instead of two plus three views: a batch-1 step makes 30 of them.
 // Serial over rows: it is called for a handful of rows, where a parallel region
 // costs more than the work.
-template <typename T, typename Rotate>
+// C: the cache's element type, T's or (under float32 rows) a half type.
+template <typename T, typename C, typename Rotate>
 void rope_write_rows(torch::Tensor& qkv, const int64_t* pos, const T* cp, const T* sp,
-                     T* kc, T* vc, const int64_t* slots, int64_t num_heads, int64_t num_kv_heads,
+                     C* kc, C* vc, const int64_t* slots, int64_t num_heads, int64_t num_kv_heads,
                      int64_t head_dim, Rotate rotate) {
   const int64_t rows = qkv.size(0), half = head_dim / 2, stride = qkv.stride(0);
   const int64_t kv_width = num_kv_heads * head_dim;
@@ -273,8 +277,13 @@ void rope_write_rows(torch::Tensor& qkv, const int64_t* pos, const T* cp, const 
     const T* s = sp + pos[r] * head_dim;
     for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rotate(row + h * head_dim, c, s, half);
     const T* k = row + num_heads * head_dim;
-    std::memcpy(kc + slots[r] * kv_width, k, kv_width * sizeof(T));
-    std::memcpy(vc + slots[r] * kv_width, k + kv_width, kv_width * sizeof(T));
+    if constexpr (std::is_same_v<T, C>) {
+      std::memcpy(kc + slots[r] * kv_width, k, kv_width * sizeof(T));
+      std::memcpy(vc + slots[r] * kv_width, k + kv_width, kv_width * sizeof(T));
+    } else {
+      narrow_row(k, kv_width, kc + slots[r] * kv_width);
+      narrow_row(k + kv_width, kv_width, vc + slots[r] * kv_width);
+    }
   }
 }
 
@@ -293,10 +302,14 @@ void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const tor
   for (const torch::Tensor* t : {&positions, &slot_mapping})
     TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous() && t->numel() == rows,
                 "positions and slot_mapping must be contiguous int64, one per row");
-  for (const torch::Tensor* t :
-       std::initializer_list<const torch::Tensor*>{&cos_cache, &sin_cache, &key_cache, &value_cache})
+  for (const torch::Tensor* t : {&cos_cache, &sin_cache})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == qkv.scalar_type(),
-                "cos/sin caches and KV caches must be contiguous, in qkv's dtype");
+                "cos/sin caches must be contiguous, in qkv's dtype");
+  const auto cache_type = key_cache.scalar_type();
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && value_cache.scalar_type() == cache_type &&
+                  (cache_type == qkv.scalar_type() ||
+                   (f32 && (cache_type == torch::kBFloat16 || cache_type == torch::kHalf))),
+              "KV caches must be contiguous, in qkv's dtype (or bf16/half under float32 qkv)");
   TORCH_CHECK(cos_cache.size(1) == head_dim && sin_cache.sizes() == cos_cache.sizes(),
               "cos/sin caches must be [max_position, head_dim]");
   TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes() &&
@@ -309,10 +322,15 @@ void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const tor
     TORCH_CHECK(pos[r] >= 0 && pos[r] < max_position, "rope_write_kv: position ", pos[r], " out of range");
     TORCH_CHECK(slots[r] >= 0 && slots[r] < num_slots, "rope_write_kv: slot ", slots[r], " out of range");
   }
-  if (f32)
-    return rope_write_rows(qkv, pos, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
-                           key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), slots, num_heads,
-                           num_kv_heads, head_dim, rotate_head_f32);
+  if (f32) {
+    auto write = [&](auto* kc, auto* vc) {
+      rope_write_rows(qkv, pos, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(), kc, vc, slots,
+                      num_heads, num_kv_heads, head_dim, rotate_head_f32);
+    };
+    if (cache_type == torch::kBFloat16) return write(key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>());
+    if (cache_type == torch::kHalf) return write(key_cache.data_ptr<at::Half>(), value_cache.data_ptr<at::Half>());
+    return write(key_cache.data_ptr<float>(), value_cache.data_ptr<float>());
+  }
   rope_write_rows(qkv, pos, bits(cos_cache), bits(sin_cache), mutable_bits(key_cache),
                   mutable_bits(value_cache), slots, num_heads, num_kv_heads, head_dim, rotate_head_bf16);
 }

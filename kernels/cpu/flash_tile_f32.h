@@ -1,11 +1,13 @@
 // The float32 flash tile: the prefill kernel's and the cascade prefix kernel's
-// tile (flash_tile.h) for float32 caches, on any x86 build (AVX-512, AVX2, plain).
+// tile (flash_tile.h) for float32 queries, on any x86 build (AVX-512, AVX2, plain),
+// over a float32 cache or a bf16/half one (kv_half.h).
 //
 // A tile is kF32TileRows (16) query rows of one head: one native vector (AVX-512)
 // or two (AVX2) hold one key's scores for all of them, so the online softmax is
 // lane-wise, as in the bf16 tile. K and V rows are read in place from
 // the paged cache (no packing: float32 rows are already what the FMAs take), 16
-// keys per softmax step. Masked keys (causal edge, sliding window, the padding
+// keys per softmax step; a half cache's 16 rows are widened into float32 rows
+// first (d x 16 x 2 conversions against d x 16 x 16 x 2 FMAs per step). Masked keys (causal edge, sliding window, the padding
 // past the context) only occur in the chunks at a tile's edges; those are
 // masked lane by lane in scalar code, and the rest run unmasked.
 #pragma once
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kv_half.h"
 #include "vec16.h"  // and immintrin.h
 
 namespace {
@@ -26,10 +29,12 @@ constexpr int kF32MaxDim = 256;
 constexpr float kMaskedScore = -1e30f;  // finite, so no inf - inf
 
 // Where one (sequence, kv head)'s keys are: a block table over a
-// [num_blocks, block_size, num_kv_heads, head_dim] float32 cache.
+// [num_blocks, block_size, num_kv_heads, head_dim] cache of cache_t (float32,
+// bf16 or half).
+template <typename cache_t>
 struct F32Context {
-  const float* k_cache;
-  const float* v_cache;
+  const cache_t* k_cache;
+  const cache_t* v_cache;
   const int32_t* table;
   int64_t len, kv_head, block_size, num_kv_heads, head_dim;
 };
@@ -65,13 +70,17 @@ inline void transpose8(__m256 r[8]) {
 // row_step (0: all at one position, as over a cascade's prefix); out rows
 // normalised, and with `lse` each row's log-sum-exp of scaled scores. Row i is
 // lane i % kNativeLanes of vector i / kNativeLanes.
+template <typename cache_t>
 void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
-                     const F32Context& ctx, float scale, int64_t window, float* out, int64_t out_stride,
+                     const F32Context<cache_t>& ctx, float scale, int64_t window, float* out, int64_t out_stride,
                      float* lse = nullptr) {
   constexpr int W = kNativeLanes, V = kF32Vecs;
   static_assert(kF32Keys == 16, "the score groups below split 16 keys");
   const int64_t d = ctx.head_dim;
   alignas(64) static thread_local float zero_row[kF32MaxDim];  // padding keys read this
+  // A half cache's 16 K and V rows of a step, widened (one row each for float32).
+  constexpr bool kWiden = !std::is_same_v<cache_t, float>;
+  alignas(64) float wide_k[kF32Keys][kWiden ? kF32MaxDim : 1], wide_v[kF32Keys][kWiden ? kF32MaxDim : 1];
   vnative qt[kF32MaxDim][V];  // Q^T: V vectors of rows per dim, scaled
   vnative ot[kF32MaxDim][V];  // O^T
   // Q^T and O^T go in and out through 8 x 8 transposes with AVX2: element by
@@ -120,8 +129,16 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       const int64_t at = (static_cast<int64_t>(ctx.table[real ? block : 0]) * ctx.block_size + slot) *
                              ctx.num_kv_heads * ctx.head_dim +
                          ctx.kv_head * ctx.head_dim;
-      krow[j] = real ? ctx.k_cache + at : zero_row;
-      vrow[j] = real ? ctx.v_cache + at : zero_row;
+      if constexpr (kWiden) {
+        krow[j] = vrow[j] = zero_row;
+        if (real) {
+          widen_row(ctx.k_cache + at, d, wide_k[j]), widen_row(ctx.v_cache + at, d, wide_v[j]);
+          krow[j] = wide_k[j], vrow[j] = wide_v[j];
+        }
+      } else {
+        krow[j] = real ? ctx.k_cache + at : zero_row;
+        vrow[j] = real ? ctx.v_cache + at : zero_row;
+      }
     }
     // Scores: each key element broadcast once against the V query vectors of
     // its dim, G keys at a time: G x V independent FMA chains. With AVX2 (V = 2)

@@ -10,7 +10,8 @@
 // Shapes:
 //   query, out:          [num_tokens, num_heads, head_dim]   (rows picked by query_rows); query's rows
 //                        may be strided (a view of the fused QKV output), out is contiguous
-//   key/value_cache:     [num_blocks, block_size, num_kv_heads, head_dim]
+//   key/value_cache:     [num_blocks, block_size, num_kv_heads, head_dim], query's dtype;
+//                        or bf16/half under a float32 query (kv_half.h)
 //   block_tables:        [num_seqs, max_num_blocks] int32
 //   seq_lens, query_rows:[num_seqs] int32 / int64
 //   prefix_out, prefix_lse (cascade, optional): [num_kv_heads, num_seqs * group,
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "decode_head_tile.h"
+#include "kv_half.h"
 #include "vec16.h"
 
 namespace {
@@ -42,9 +44,10 @@ namespace {
 // accumulators fill its halves.
 constexpr int kDotVectors = kLanes / kNativeLanes;
 
-// dots[head, pending] for the `group` query heads of KV head h, against key row k.
-template <int kChunks>
-inline void float_dots(const float* q, const float* k, int h, int group, int64_t pending, float* dots) {
+// dots[head, pending] for the `group` query heads of KV head h, against key row k
+// (float32, or a half cache's row widened as it loads).
+template <int kChunks, typename cache_t>
+inline void float_dots(const float* q, const cache_t* k, int h, int group, int64_t pending, float* dots) {
   constexpr int kPieces = kChunks * kLanes / kNativeLanes;  // native vectors per head row
   vnative kv[kPieces];
   for (int p = 0; p < kPieces; ++p) kv[p] = load_native(k + (h * kPieces + p) * kNativeLanes);
@@ -60,8 +63,8 @@ inline void float_dots(const float* q, const float* k, int h, int group, int64_t
 
 // acc[head] += p[head, t] * v for the `group` query heads of KV head h; the
 // scores of query head i start at scores[i * span].
-template <int kChunks>
-inline void float_weighted_sum(const float* scores, int64_t span, const float* v, int h, int group,
+template <int kChunks, typename cache_t>
+inline void float_weighted_sum(const float* scores, int64_t span, const cache_t* v, int h, int group,
                                float* acc) {
   constexpr int kPieces = kChunks * kLanes / kNativeLanes;
   vnative vv[kPieces];
@@ -76,10 +79,10 @@ inline void float_weighted_sum(const float* scores, int64_t span, const float* v
 }
 
 // One float32 sequence: every KV head per token, reading each token's whole K
-// (then V) row once, contiguously. (bf16 and half go KV head by KV head:
-// decode_head_tile.h.)
-template <int kChunks>
-void decode_sequence_f32(const float* q_row, const float* k_base, const float* v_base, const SeqLayout& s,
+// (then V) row once, contiguously; the cache float32 or half (kv_half.h). (bf16
+// and half models go KV head by KV head: decode_head_tile.h.)
+template <int kChunks, typename cache_t>
+void decode_sequence_f32(const float* q_row, const cache_t* k_base, const cache_t* v_base, const SeqLayout& s,
                          int num_kv_heads, int group, float scale, const Prefix& prefix,
                          std::vector<float>& scores, std::vector<vec16>& work, float* o_row, float* lse_row) {
   const int num_heads = num_kv_heads * group;
@@ -113,7 +116,7 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
     }
     pending = 0;
   };
-  for_each_token<kRowPrefetchBlocks>(k_base, s, 0, s.token_stride, [&](const float* k, int64_t t) {
+  for_each_token<kRowPrefetchBlocks>(k_base, s, 0, s.token_stride, [&](const cache_t* k, int64_t t) {
     for (int h = 0; h < num_kv_heads; ++h)
       float_dots<kChunks>(reinterpret_cast<const float*>(q), k, h, group, pending, reinterpret_cast<float*>(dots));
     if (++pending == kLanes) flush(t + 1);
@@ -123,7 +126,7 @@ void decode_sequence_f32(const float* q_row, const float* k_base, const float* v
   for (int head = 0; head < num_heads; ++head)
     weights[head] = softmax_in_place(scores.data() + head * span, span, prefix, head, group);
   // Pass 2: out_head = sum_t p[head, t] v_t
-  for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const float* v, int64_t t) {
+  for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
     for (int h = 0; h < num_kv_heads; ++h)
       float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, reinterpret_cast<float*>(acc));
   });
@@ -214,7 +217,9 @@ void merge_parts(const float* part_out, const float* part_lse, int64_t parts, in
   }
 }
 
-template <typename scalar_t, int kChunks>
+// scalar_t: the query's and out's dtype; cache_t: the caches' (scalar_t, or a
+// half type under float32).
+template <typename scalar_t, typename cache_t, int kChunks>
 void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                    const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                    const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
@@ -231,8 +236,8 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
 
   const scalar_t* q_ptr = query.data_ptr<scalar_t>();
   const int64_t q_stride = query.stride(0);  // query may be a view of the fused QKV rows
-  const scalar_t* k_ptr = key_cache.data_ptr<scalar_t>();
-  const scalar_t* v_ptr = value_cache.data_ptr<scalar_t>();
+  const cache_t* k_ptr = key_cache.data_ptr<cache_t>();
+  const cache_t* v_ptr = value_cache.data_ptr<cache_t>();
   const int32_t* bt_ptr = block_tables.data_ptr<int32_t>();
   const int32_t* len_ptr = seq_lens.data_ptr<int32_t>();
   const int64_t* row_ptr = query_rows.data_ptr<int64_t>();
@@ -243,9 +248,9 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   auto attend = [&](const scalar_t* q, const SeqLayout& layout, const Prefix& prefix, std::vector<float>& scores,
                     std::vector<vec16>& work, auto* o, float* lse) {
     if constexpr (std::is_same_v<scalar_t, float>)
-      decode_sequence_f32<kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group, static_cast<float>(scale), prefix,
+      decode_sequence_f32<kChunks, cache_t>(q, k_ptr, v_ptr, layout, num_kv_heads, group, static_cast<float>(scale), prefix,
                                    scores, work, o, lse);
-    else
+    else if constexpr (std::is_same_v<scalar_t, cache_t>)
       decode_sequence_by_head<scalar_t, kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group,
                                                  static_cast<float>(scale), prefix, scores, o, lse);
   };
@@ -296,7 +301,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len_ptr[a] > len_ptr[b]; });
   // First token attended: past a sliding window's start and a cascade's prefix.
   auto attended_from = [&](int64_t len) { return ::attended_from(len, sliding_window, prefix_len); };
-  const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(cache_t));
   const int64_t block_bytes = block_size * row_bytes;
   // Token rows of K and V one sequence's walk reads per token.
   const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
@@ -341,7 +346,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   });
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t = scalar_t>
 void dispatch_head_dim(const torch::Tensor& query, const torch::Tensor& key_cache,
                        const torch::Tensor& value_cache, const torch::Tensor& block_tables,
                        const torch::Tensor& seq_lens, const torch::Tensor& query_rows,
@@ -350,7 +355,7 @@ void dispatch_head_dim(const torch::Tensor& query, const torch::Tensor& key_cach
   switch (query.size(2) / kLanes) {
 #define PAGODA_CHUNKS(n)                                                                      \
   case n:                                                                                     \
-    return decode_kernel<scalar_t, n>(query, key_cache, value_cache, block_tables, seq_lens, \
+    return decode_kernel<scalar_t, cache_t, n>(query, key_cache, value_cache, block_tables, seq_lens, \
                                       query_rows, out, scale, sliding_window, prefix_len,     \
                                       prefix_out, prefix_lse);
     PAGODA_CHUNKS(1) PAGODA_CHUNKS(2) PAGODA_CHUNKS(4) PAGODA_CHUNKS(8) PAGODA_CHUNKS(16)
@@ -409,8 +414,22 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
     p_out = prefix_out->data_ptr<float>();
     p_lse = prefix_lse->data_ptr<float>();
   }
+  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "out must be in the query's dtype");
+  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "key and value caches differ in dtype");
+  const auto cache_type = key_cache.scalar_type();
+  TORCH_CHECK(cache_type == query.scalar_type() || (query.scalar_type() == torch::kFloat &&
+                                                    (cache_type == torch::kBFloat16 || cache_type == torch::kHalf)),
+              "paged_attention_decode: the caches must be in the query's dtype (or bf16/half under a float32 "
+              "query), got ", cache_type, " for ", query.scalar_type());
   switch (query.scalar_type()) {
     case torch::kFloat:
+      if (cache_type == torch::kBFloat16)
+        return dispatch_head_dim<float, at::BFloat16>(query, key_cache, value_cache, block_tables, seq_lens,
+                                                      query_rows, out, scale, sliding_window, prefix_len, p_out,
+                                                      p_lse);
+      if (cache_type == torch::kHalf)
+        return dispatch_head_dim<float, at::Half>(query, key_cache, value_cache, block_tables, seq_lens,
+                                                  query_rows, out, scale, sliding_window, prefix_len, p_out, p_lse);
       return dispatch_head_dim<float>(query, key_cache, value_cache, block_tables, seq_lens, query_rows,
                                   out, scale, sliding_window, prefix_len, p_out, p_lse);
     case torch::kBFloat16:

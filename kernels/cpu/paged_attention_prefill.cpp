@@ -18,7 +18,8 @@
 // Shapes:
 //   query, out:        [num_tokens, num_heads, head_dim] bf16 or float32; query's rows may be
 //                      strided (a view of the fused QKV output), out is contiguous
-//   key/value_cache:   [num_blocks, block_size, num_kv_heads, head_dim], query's dtype
+//   key/value_cache:   [num_blocks, block_size, num_kv_heads, head_dim], query's dtype,
+//                      or bf16/half under a float32 query (kv_half.h)
 //   block_tables:      [num_seqs, max_num_blocks] int32 (prefill sequences only)
 //   seq_lens:          [num_seqs] int32, context length including the new rows
 //   query_ranges:      [num_seqs, 2] int64, each sequence's rows [first, end) in query
@@ -75,6 +76,7 @@ std::vector<Item> work_items(const int32_t* lens, const int64_t* ranges, int64_t
   return items;
 }
 
+template <typename cache_t>
 void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
                  const torch::Tensor& block_tables, const int32_t* lens, const int64_t* ranges, int64_t num_seqs,
                  torch::Tensor& out, float scale, int64_t window) {
@@ -87,7 +89,7 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t n = next++; n < static_cast<int64_t>(items.size()); n = next++) {
       const Item& it = items[n];
-      const F32Context ctx{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
+      const F32Context<cache_t> ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(),
                            block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1), lens[it.seq],
                            it.head / group, key_cache.size(1), num_kv_heads, d};
       const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
@@ -117,9 +119,12 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
                              const torch::Tensor& seq_lens, const torch::Tensor& query_ranges,
                              torch::Tensor& out, double scale, int64_t sliding_window) {
   const bool bf16 = query.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && key_cache.scalar_type() == query.scalar_type() &&
-                  value_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "paged_attention_prefill takes bf16 or float32, the same for query, caches and out");
+  TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && out.scalar_type() == query.scalar_type() &&
+                  value_cache.scalar_type() == key_cache.scalar_type() &&
+                  (key_cache.scalar_type() == query.scalar_type() ||
+                   (!bf16 && (key_cache.scalar_type() == torch::kBFloat16 || key_cache.scalar_type() == torch::kHalf))),
+              "paged_attention_prefill takes bf16 or float32, the same for query, caches and out (or bf16/half "
+              "caches under a float32 query)");
   TORCH_CHECK(query_rows_of_heads(query) && out.is_contiguous(),
               "query needs contiguous heads (rows may be strided), out must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
@@ -145,9 +150,13 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
                 "block table too short");
   }
   if (!bf16) {
-    prefill_f32(query, key_cache, value_cache, block_tables, lens, ranges, num_seqs, out, static_cast<float>(scale),
-                sliding_window);
-    return;
+    auto run = [&](auto tag) {
+      prefill_f32<decltype(tag)>(query, key_cache, value_cache, block_tables, lens, ranges, num_seqs, out,
+                                 static_cast<float>(scale), sliding_window);
+    };
+    if (key_cache.scalar_type() == torch::kBFloat16) return run(at::BFloat16{});
+    if (key_cache.scalar_type() == torch::kHalf) return run(at::Half{});
+    return run(float{});
   }
 #ifdef PAGODA_PREFILL
   Layout lay{query.size(2), query.size(1), key_cache.size(2), key_cache.size(1), kChunk * query.size(2)};

@@ -99,6 +99,26 @@ def test_cascade_matches_reference(
     torch.testing.assert_close(out.float(), plain.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_float32_cascade_over_a_half_cache(cache_dtype):
+    """A float32 model's bf16/fp16 cache (kv_half.h): the prefix tiles and the
+    decode kernel both widen the half rows."""
+    query, key_cache, value_cache, block_tables, seq_lens, query_rows = _shared_batch(
+        5, [1, 7, 8, 9, 30], 8, 2, 64, 8, torch.float32, seed=2
+    )
+    key_cache, value_cache = key_cache.to(cache_dtype), value_cache.to(cache_dtype)
+    scale = 0.125
+    out, _, _ = _cascade(
+        query, key_cache, value_cache, block_tables, seq_lens, query_rows, 40, scale
+    )
+    expected = paged_attention_reference(
+        query[query_rows], key_cache.float(), value_cache.float(), block_tables,
+        list(range(len(seq_lens) + 1)), seq_lens, scale,
+    )  # fmt: skip
+    tol = TILE_TOLERANCE[torch.float32]
+    torch.testing.assert_close(out[query_rows], expected, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", TILE_DTYPES)
 def test_prefix_half_is_attention_over_the_prefix_alone(dtype):
     """Row s * group + g of kv head h is query head h * group + g of sequence s,

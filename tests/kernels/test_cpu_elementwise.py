@@ -156,8 +156,16 @@ def test_float32_rotary_in_place_matches_twin(monkeypatch):
     assert torch.equal(fv, qkv[:, 768:])  # v untouched
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rope_write_kv_equals_rotary_then_cache_write(monkeypatch, dtype):
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.float32, torch.bfloat16),  # a float32 model's half cache (kv_half.h)
+        (torch.float32, torch.float16),
+    ],
+)
+def test_rope_write_kv_equals_rotary_then_cache_write(monkeypatch, dtype, cache_dtype):
     """The decode plan's fused call on fused QKV rows: RoPE in place, then K and V
     into their slots, as the rotary then the cache write."""
     from kernels.paged_attention_reference import write_kv_reference
@@ -168,7 +176,7 @@ def test_rope_write_kv_equals_rotary_then_cache_write(monkeypatch, dtype):
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim).to(dtype)
     positions = torch.tensor([0, 17, 4095, 300])
     slots = torch.tensor([5, 0, 39, 22])
-    caches = torch.randn(2, 10, 4, kv_heads, head_dim).to(dtype)  # [K | V], 10 blocks of 4
+    caches = torch.randn(2, 10, 4, kv_heads, head_dim).to(cache_dtype)  # [K | V], 10 blocks of 4
 
     expected, expected_caches = qkv.clone(), caches.clone()
     q, k, v = expected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)

@@ -77,6 +77,48 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
     assert out[untouched].abs().sum() == 0
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, window", [(9, 3, 64, None), (8, 1, 32, 7), (4, 4, 16, None)]
+)
+@pytest.mark.parametrize(
+    "seq_lens",
+    [[1, 5, 16, 17, 100, 33], [1 + (i * 37) % 120 for i in range(24)], [1000]],
+    ids=["6", "24", "split"],
+)
+def test_float32_decode_over_a_half_cache(
+    num_heads, num_kv_heads, head_dim, window, seq_lens, cache_dtype
+):
+    """A float32 model's bf16/fp16 cache (kv_half.h): float32 attention over the
+    half values, widened as they load; one long sequence goes in parts."""
+    torch.manual_seed(3)
+    block_size = 16
+    width = -(-max(seq_lens) // block_size)
+    num_blocks = width * len(seq_lens) + 4
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(cache_dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(cache_dtype)
+    block_tables = torch.randperm(num_blocks)[: width * len(seq_lens)].int().view(-1, width)
+    qkv = torch.randn(len(seq_lens), (num_heads + 2 * num_kv_heads) * head_dim)
+    query = qkv[:, : num_heads * head_dim].view(len(seq_lens), num_heads, head_dim)
+    out = torch.zeros(query.shape)
+    kernels.paged_attention_decode(
+        query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
+        torch.arange(len(seq_lens)), out, head_dim**-0.5, window or 0,
+    )  # fmt: skip
+    # The twin widens the cache to the query's dtype: float32 over the same values.
+    _assert_matches_reference(out, query, key_cache, value_cache, block_tables, seq_lens, window)
+
+
+def test_decode_rejects_a_float32_cache_under_a_bf16_query():
+    query = torch.zeros(1, 2, 16, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 4, 2, 16)
+    with pytest.raises(RuntimeError, match="query's dtype"):
+        kernels.paged_attention_decode(
+            query, cache, cache, torch.zeros(1, 2, dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32), torch.tensor([0]), torch.zeros_like(query), 0.25, 0,
+        )  # fmt: skip
+
+
 def _assert_matches_reference(out, query, key_cache, value_cache, block_tables, seq_lens, window):
     """out: the kernel's rows, one per sequence, as query's."""
     head_dim = query.shape[-1]
@@ -94,20 +136,37 @@ def _assert_matches_reference(out, query, key_cache, value_cache, block_tables, 
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_write_kv_cache_matches_reference(dtype):
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.bfloat16),
+        (torch.float32, torch.float16),
+    ],
+)
+def test_write_kv_cache_matches_reference(dtype, cache_dtype):
     torch.manual_seed(0)
-    num_blocks, block_size, heads, head_dim = 8, 4, 3, 16
+    num_blocks, block_size, heads, head_dim = 8, 4, 3, 24  # 72: 16-lane groups and a tail
     # K and V as the attention layer passes them: column slices of one fused qkv row.
     qkv = torch.randn(5, 4 * heads * head_dim).to(dtype)
+    # Rounding's edges when narrowed: ties (bf16 and fp16), fp16's overflow and
+    # subnormals, infinities, NaN.
+    qkv[0, -8:] = torch.tensor(
+        [1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 7e4, 3e-6, -float("inf"), float("nan"), 0.0]
+    )
     key = qkv[:, 2 * heads * head_dim : 3 * heads * head_dim].view(5, heads, head_dim)
     value = qkv[:, 3 * heads * head_dim :].view(5, heads, head_dim)
     slots = torch.tensor([31, 0, 7, 12, 13])
-    caches = [torch.zeros(num_blocks, block_size, heads, head_dim, dtype=dtype) for _ in range(4)]
+    caches = [
+        torch.zeros(num_blocks, block_size, heads, head_dim, dtype=cache_dtype) for _ in range(4)
+    ]
     kernels.write_kv_cache(key, value, caches[0], caches[1], slots)
     write_kv_reference(key, value, caches[2], caches[3], slots)
-    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    assert torch.equal(caches[0].view(-1, heads, head_dim)[31], key[0])
+    # Exact; NaN's bits may differ (torch's own vector and scalar bf16 conversions do).
+    for got, want in zip(caches[:2], caches[2:]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(caches[0].view(-1, heads, head_dim)[31], key[0].to(cache_dtype))
 
 
 def test_write_kv_cache_rejects_a_slot_outside_the_cache():

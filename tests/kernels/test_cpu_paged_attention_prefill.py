@@ -130,6 +130,34 @@ def test_prefill_with_scores_that_keep_rising_along_the_context(dtype):
     torch.testing.assert_close(out[rows].float(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "seq_lens, num_new, window", [([1, 17, 100], [1, 17, 100], None), ([300, 77], [5, 40], 37)]
+)
+def test_float32_prefill_over_a_half_cache(seq_lens, num_new, window, cache_dtype):
+    """A float32 model's bf16/fp16 cache (kv_half.h): the tile widens each step's
+    rows, so the result is float32 attention over the half values."""
+    query, key_cache, value_cache, block_tables, ranges = _paged_batch(
+        seq_lens, num_new, 9, 3, 64, 16, seed=5, dtype=torch.float32
+    )
+    key_cache, value_cache = key_cache.to(cache_dtype), value_cache.to(cache_dtype)
+    out = torch.zeros(query.shape, dtype=torch.float32)
+    args = (torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(ranges, dtype=torch.int64))
+    kernels.paged_attention_prefill(
+        query, key_cache, value_cache, block_tables, *args, out, 0.125, window or 0
+    )
+    rows = torch.cat([torch.arange(first, end) for first, end in ranges])
+    starts = [0]
+    for first, end in ranges:
+        starts.append(starts[-1] + end - first)
+    expected = paged_attention_reference(
+        query[rows], key_cache.float(), value_cache.float(), block_tables, starts, seq_lens,
+        0.125, window,
+    )  # fmt: skip
+    tol = TILE_TOLERANCE[torch.float32]
+    torch.testing.assert_close(out[rows], expected, atol=tol, rtol=tol)
+
+
 def test_prefill_rejects_a_short_block_table():
     query, key_cache, value_cache, block_tables, ranges = _paged_batch(
         [40], [40], 2, 1, 64, 16, dtype=torch.float32

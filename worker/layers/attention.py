@@ -41,6 +41,9 @@ class Attention(nn.Module):
         # carries calibrated scales (worker/models/kv_scales.py).
         self.k_scale = self.v_scale = 1.0
         self._kv_cache: torch.Tensor | None = None  # in the backend's layout
+        # The activations' dtype, known at the first forward: the cache's, or float32
+        # over a bf16/fp16 cache (worker/runner/kv_memory.py).
+        self.query_dtype: torch.dtype | None = None
         self._backend: AttentionBackend | None = None
         self._bound: LayerAttention | None = None
 
@@ -65,6 +68,7 @@ class Attention(nn.Module):
         bound = self._bound
         if bound is None:
             assert self._kv_cache is not None and self._backend is not None, "KV cache not bound"
+            self.query_dtype = query.dtype
             bound = self._bound = self._backend.bind_layer(self)
         metadata = forward_context._current
         assert metadata is not None, "attention layer called outside forward_context()"

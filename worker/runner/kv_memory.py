@@ -23,9 +23,30 @@ from worker.huge_pages import HUGE_PAGE, huge_page_mapping
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
-def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """--kv-cache-dtype as a torch dtype (auto: the model's)."""
-    return model_dtype if name == "auto" else torch.float8_e4m3fn
+_KV_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def kv_cache_dtype(
+    name: str, model_dtype: torch.dtype, widened_from: torch.dtype | None = None
+) -> torch.dtype:
+    """--kv-cache-dtype as a torch dtype. auto: the model's, except where the model
+    computes in float32 a checkpoint stored in a half dtype (`widened_from`: a CPU
+    without native bf16 under --dtype auto, worker/runner/platform.py): K/V stay in
+    that half dtype, as the linear weights do (worker/layers/cpu_half_f32.py). Decode
+    attention is memory-bound there, and this halves its bytes; each K/V value is
+    rounded once, as transformers' model in the checkpoint's dtype rounds it."""
+    if name != "auto":
+        return _KV_DTYPES[name]
+    if model_dtype == torch.float32 and widened_from in HALF_DTYPES:
+        return widened_from
+    return model_dtype
 
 
 def allocate_kv_pool(

@@ -56,12 +56,21 @@ class ModelRunner:
         # Resolved before anything loads: an unservable format fails at start.
         quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
         self.backend = get_attention_backend(config.device.attention_backend, device)
-        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
-        if self.kv_dtype != dtype and self.kv_dtype not in self.backend.extra_kv_dtypes:
+        # A half checkpoint that --dtype auto runs in float32 on this CPU.
+        widened_from = spec.checkpoint_dtype if config.model.dtype == "auto" else None
+        self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, widened_from)
+        if self.kv_dtype != dtype and config.cache.kv_cache_dtype == "auto":
+            logger.info(
+                "KV cache in %s, the checkpoint's dtype, under the float32 model "
+                "(--kv-cache-dtype float32 keeps it float32)",
+                str(self.kv_dtype).removeprefix("torch."),
+            )
+        if not self.backend.supports_kv_dtype(self.kv_dtype, dtype):
             raise ConfigError(
                 f"--kv-cache-dtype {config.cache.kv_cache_dtype} is not supported by the "
-                f"{self.backend.name} attention backend (its kernels read {dtype} caches); "
-                "use --attention-backend torch, or --kv-cache-dtype auto"
+                f"{self.backend.name} attention backend for a {dtype} model (it reads "
+                f"{dtype} or fp8 caches, and bf16/fp16 ones only under float32 on CPU); "
+                "use --kv-cache-dtype auto"
             )
         self.model = build_model(spec, dtype, device, max_position, quant_config)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]

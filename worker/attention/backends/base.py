@@ -30,6 +30,16 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False
     # Cache dtypes other than the model's this backend reads and writes (fp8).
     extra_kv_dtypes: tuple[torch.dtype, ...] = ()
+    # Whether a float32 model's K/V may be stored in bf16/fp16 (rounded as written,
+    # widened as read).
+    half_kv_under_float32: bool = False
+
+    def supports_kv_dtype(self, kv_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+        """Whether this backend serves a model computing in `dtype` over a `kv_dtype` cache."""
+        if kv_dtype == dtype or kv_dtype in self.extra_kv_dtypes:
+            return True
+        half = (torch.bfloat16, torch.float16)
+        return self.half_kv_under_float32 and dtype == torch.float32 and kv_dtype in half
 
     def kv_cache_shape(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int

@@ -43,6 +43,7 @@ __all__ = ["CPUAttentionBackend", "CPUAttentionMetadata", "shared_leading_blocks
 class CPUAttentionBackend(AttentionBackend):
     name = "cpu"
     extra_kv_dtypes = (torch.float8_e4m3fn,)
+    half_kv_under_float32 = True  # the float32 kernels widen bf16/fp16 rows (kv_half.h)
 
     def __init__(self) -> None:
         self.kernels = load_cpu_kernels()
@@ -210,13 +211,12 @@ class CPUAttentionBackend(AttentionBackend):
 
     def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
         """Whether prefill rows (and a cascade's prefix) go through the C++ tiles."""
-        return key_cache.dtype == query.dtype and self.kernel_prefill_for(
-            query.dtype, query.shape[2]
-        )
+        return self.kernel_prefill_for(query.dtype, query.shape[2])
 
     def kernel_prefill_for(self, dtype: torch.dtype, head_dim: int) -> bool:
-        """Whether the C++ tiles take prefill rows of this dtype (query and cache
-        alike): bf16 where the CPU has AMX or AVX512-BF16, float32 on any build."""
+        """Whether the C++ tiles take prefill rows of this query dtype: bf16 (over a
+        bf16 cache) where the CPU has AMX or AVX512-BF16, float32 (over a float32,
+        bf16 or fp16 cache) on any build."""
         return bool(
             dtype in (torch.bfloat16, torch.float32)
             and self.prefill_kernel
@@ -227,11 +227,13 @@ class CPUAttentionBackend(AttentionBackend):
     def _prefill(query, key, value, key_cache, value_cache, block_table, seq_len, scale, window):
         """query/key/value: this sequence's new rows [num_new, heads, head_dim]."""
         num_new = query.shape[0]
-        if seq_len > num_new:  # cached prefix or earlier chunks: read the context from the cache
+        # A cached prefix or earlier chunks, or a half cache under float32 (whose
+        # rounded rows are what every later step reads): the context from the cache.
+        if seq_len > num_new or key_cache.dtype != query.dtype:
             block_size = key_cache.shape[1]
             blocks = block_table[: -(-seq_len // block_size)].long()
-            key = key_cache[blocks].flatten(0, 1)[:seq_len]
-            value = value_cache[blocks].flatten(0, 1)[:seq_len]
+            key = key_cache[blocks].flatten(0, 1)[:seq_len].to(query.dtype)
+            value = value_cache[blocks].flatten(0, 1)[:seq_len].to(query.dtype)
         mask = None
         if seq_len > num_new or window is not None:
             q_pos = torch.arange(seq_len - num_new, seq_len).unsqueeze(1)

@@ -38,11 +38,12 @@ def bind_cpu_layer(backend: CPUAttentionBackend, layer: Attention) -> LayerAtten
     kernels = backend.kernels
     key_cache, value_cache = backend.split_kv_cache(layer.kv_cache)
     num_heads, num_kv_heads, head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
-    dtype = key_cache.dtype
+    # The model's activations: the cache's dtype, or float32 over a bf16/fp16 cache
+    # (the kernels check the pair).
+    dtype = layer.query_dtype or key_cache.dtype
     scale = layer.scale
     window = layer.sliding_window
     window_arg = window or 0
-    # The model's activations are in the cache's dtype (write_kv_cache checks it).
     kernel_prefill = backend.kernel_prefill_for(dtype, head_dim)
     cascade_ok = kernel_prefill and not window
     out_key = (num_heads, head_dim, dtype)

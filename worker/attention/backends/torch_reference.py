@@ -21,6 +21,7 @@ class TorchAttentionMetadata(AttentionMetadata):
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
     extra_kv_dtypes = (torch.float8_e4m3fn,)
+    half_kv_under_float32 = True
 
     def device_arrays(self, layout):
         return {"slot_mapping": layout.slot_mapping, "block_tables": layout.block_tables}
