@@ -84,5 +84,5 @@ def test_explicit_dtypes(make_checkpoint):
     assert LLM(str(path), kv_cache_dtype="bfloat16", **small).engine.core.runner.kv_dtype == (
         torch.bfloat16
     )
-    with pytest.raises(ConfigError, match="float32 .*not supported by the cpu attention backend"):
+    with pytest.raises(ConfigError, match=r"float32 .*not supported by the cpu attention backend"):
         LLM(str(path), dtype="bfloat16", kv_cache_dtype="float32", **small)
