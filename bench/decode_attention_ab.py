@@ -1,7 +1,8 @@
 """Decode attention kernel alone, old build vs new, against a plain read of its KV.
 
     python -m bench.decode_attention_ab [--old REF] [--seqs 1 16 36 64] [--dtype bf16|f32]
-        [--isa native|avx2] [--reps 15] [--threads 2] [--clock wall|thread|process] [--hot]
+        [--cache same|bf16|f16] [--isa native|avx2] [--reps 15] [--threads 2]
+        [--clock wall|thread|process] [--hot]
 
 Both builds hold only paged_attention_decode.cpp (REF's copy, default main, vs the
 working tree's), compiled with the flags of `--isa`, so a change builds in a minute
@@ -16,7 +17,9 @@ blocks on the same threads, each prefetching its blocks 8 ahead into L2 (what th
 kernel could reach: on a Zen 4 25-30 GB/s at 16-64 sequences, where the kernel
 reads ~20; stops before 45 prefetched into L1 and read ~20 too).
 On a loaded host use `--threads 1 --clock thread` (the caller's CPU time), and
-`--hot` (every layer on layer 0's cache) to see the compute alone.
+`--hot` (every layer on layer 0's cache) to see the compute alone. `--dtype f32
+--cache bf16` is a float32 model's half cache (kernels/cpu/kv_half.h; both builds
+must have it).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from kernels.cpu import isa_flags
 from worker.huge_pages import huge_page_mapping
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 8
-FILES = ("paged_attention_decode.cpp", "decode_head_tile.h", "vec16.h")
+FILES = ("paged_attention_decode.cpp", "decode_head_tile.h", "vec16.h", "kv_half.h")
 
 _BIND = r"""
 #include <torch/extension.h>
@@ -116,6 +119,8 @@ def build(ref: str | None, isa: str):
     files = {}
     for name in FILES:
         data = kernel_file(ref, name)
+        if data is None and name == "kv_half.h":  # before half caches: unused
+            continue
         if data is None:
             raise FileNotFoundError(f"kernels/cpu/{name} is not in {ref}")
         files[name] = data
@@ -136,8 +141,10 @@ def mixed_lens(num_seqs: int) -> list[int]:
     raise ValueError(f"mixed never runs {num_seqs} sequences")
 
 
-def step_inputs(lens: list[int], dtype: torch.dtype, gen: torch.Generator):
-    """One decode step's tensors over 30 layers' caches (KV in huge pages)."""
+def step_inputs(lens: list[int], dtype: torch.dtype, gen: torch.Generator, cache_dtype=None):
+    """One decode step's tensors over 30 layers' caches (KV in huge pages), the
+    caches in `cache_dtype` (default: the query's)."""
+    query_dtype, dtype = dtype, cache_dtype or dtype
     seqs = len(lens)
     width = max(-(-n // BLOCK) for n in lens)
     pool = 2 * seqs * width  # blocks per layer: twice what the sequences hold, scattered
@@ -151,7 +158,7 @@ def step_inputs(lens: list[int], dtype: torch.dtype, gen: torch.Generator):
     caches = flat.normal_(generator=gen).view(LAYERS, 2, pool, BLOCK, KV_HEADS, DIM)
     tables = torch.randperm(pool, generator=gen)[: seqs * width].int().view(seqs, width)
     # The engine's query is a view of the fused QKV rows.
-    qkv = torch.randn(seqs, (HEADS + 2 * KV_HEADS) * DIM, generator=gen).to(dtype)
+    qkv = torch.randn(seqs, (HEADS + 2 * KV_HEADS) * DIM, generator=gen).to(query_dtype)
     query = qkv[:, : HEADS * DIM].view(seqs, HEADS, DIM)
     lens_t = torch.tensor(lens, dtype=torch.int32)
     rows = torch.arange(seqs, dtype=torch.int64)
@@ -164,6 +171,9 @@ def main() -> None:
     parser.add_argument("--old", default="main", help="git ref of the old kernel")
     parser.add_argument("--seqs", type=int, nargs="+", default=[1, 16, 36, 64])
     parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    parser.add_argument(
+        "--cache", choices=["same", "bf16", "f16"], default="same", help="the caches' dtype"
+    )
     parser.add_argument("--isa", choices=["native", "avx2"], default="native")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
@@ -185,7 +195,8 @@ def main() -> None:
     new = build(None, args.isa)
     gen = torch.Generator().manual_seed(0)
     print(
-        f"load {os.getloadavg()[0]:.2f}, threads {args.threads}, {args.dtype}, isa {args.isa}, "
+        f"load {os.getloadavg()[0]:.2f}, threads {args.threads}, {args.dtype} over a "
+        f"{args.cache} cache, isa {args.isa}, "
         f"clock {args.clock}{', KV hot' if args.hot else ''}, "
         f"old {args.old} vs working tree; per step = {LAYERS} layers"
     )
@@ -196,7 +207,8 @@ def main() -> None:
 def measure(seqs: int, args, clock, dtype: torch.dtype, builds: dict, gen) -> str:
     """One line: old and new at `seqs` sequences, and the plain read of their KV."""
     lens = mixed_lens(seqs)
-    region, caches, tables, query, lens_t, rows, kv_bytes = step_inputs(lens, dtype, gen)
+    cache_dtype = {"same": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.cache]
+    region, caches, tables, query, lens_t, rows, kv_bytes = step_inputs(lens, dtype, gen, cache_dtype)
     if args.hot:
         caches = caches[:1].expand(LAYERS, *caches.shape[1:])
     outs = {m: torch.empty(seqs, HEADS, DIM, dtype=dtype) for m in builds}

@@ -78,6 +78,47 @@ inline void float_weighted_sum(const float* scores, int64_t span, const cache_t*
   }
 }
 
+// Pass 2 over a run of up to kRunTokens consecutive tokens' V rows (the first at
+// span offset j0): acc[head] += sum_i p[head, j0 + i] v_i for every query head,
+// the KV heads' groups of G. All heads' accumulators are num_heads x head_dim
+// floats (SmolLM2's 9 x 64: 72 AVX2 registers' worth), so float_weighted_sum
+// adds each token into memory, a load and a store per FMA; here each KV head's
+// G heads keep a slice of kSlice native vectors of their accumulators in
+// registers through the run (G x kSlice of them, the slice of V and a
+// broadcast score within the register file), and accumulators move once per run.
+constexpr int kRunTokens = 16;
+constexpr int kRegisters = kNativeLanes == 8 ? 16 : 32;
+
+template <int G, int kPieces>
+constexpr int slice_vectors() {
+  int v = 1;
+  while (2 * v <= kPieces && (2 * v) * (G + 1) + 1 <= kRegisters) v *= 2;
+  return v;
+}
+
+template <int kChunks, int G, typename cache_t>
+inline void float_weighted_rows(const float* scores, int64_t span, int64_t j0, const cache_t* const* rows, int n,
+                                int num_kv_heads, float* acc) {
+  constexpr int W = kNativeLanes, kPieces = kChunks * kLanes / W, kSlice = slice_vectors<G, kPieces>();
+  for (int h = 0; h < num_kv_heads; ++h)
+    for (int c = 0; c < kPieces; c += kSlice) {
+      vnative a[G][kSlice];
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < kSlice; ++j) a[g][j] = load_native(acc + ((h * G + g) * kPieces + c + j) * W);
+      const float* p = scores + h * G * span + j0;
+      for (int i = 0; i < n; ++i) {
+        vnative v[kSlice];
+        for (int j = 0; j < kSlice; ++j) v[j] = load_native(rows[i] + (h * kPieces + c + j) * W);
+        for (int g = 0; g < G; ++g) {
+          const float w = p[g * span + i];
+          for (int j = 0; j < kSlice; ++j) a[g][j] += w * v[j];
+        }
+      }
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < kSlice; ++j) store_native(acc + ((h * G + g) * kPieces + c + j) * W, a[g][j]);
+    }
+}
+
 // One float32 sequence: every KV head per token, reading each token's whole K
 // (then V) row once, contiguously; the cache float32 or half (kv_half.h). (bf16
 // and half models go KV head by KV head: decode_head_tile.h.)
@@ -125,11 +166,38 @@ void decode_sequence_f32(const float* q_row, const cache_t* k_base, const cache_
   std::vector<PartWeights> weights(num_heads);
   for (int head = 0; head < num_heads; ++head)
     weights[head] = softmax_in_place(scores.data() + head * span, span, prefix, head, group);
-  // Pass 2: out_head = sum_t p[head, t] v_t
-  for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
-    for (int h = 0; h < num_kv_heads; ++h)
-      float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, reinterpret_cast<float*>(acc));
-  });
+  // Pass 2: out_head = sum_t p[head, t] v_t, in runs of kRunTokens rows (groups of
+  // up to 8 heads; larger ones token by token).
+  float* acc_f = reinterpret_cast<float*>(acc);
+  auto runs = [&](auto group_tag) {
+    constexpr int G = decltype(group_tag)::value;
+    const cache_t* rows[kRunTokens];
+    int n = 0;
+    int64_t j0 = 0;
+    for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
+      if (n == 0) j0 = t - s.first;
+      rows[n++] = v;
+      if (n == kRunTokens) {
+        float_weighted_rows<kChunks, G>(scores.data(), span, j0, rows, n, num_kv_heads, acc_f);
+        n = 0;
+      }
+    });
+    if (n > 0) float_weighted_rows<kChunks, G>(scores.data(), span, j0, rows, n, num_kv_heads, acc_f);
+  };
+  switch (group) {
+#define PAGODA_GROUP(g)                   \
+  case g:                                 \
+    runs(std::integral_constant<int, g>{}); \
+    break;
+    PAGODA_GROUP(1) PAGODA_GROUP(2) PAGODA_GROUP(3) PAGODA_GROUP(4)
+    PAGODA_GROUP(5) PAGODA_GROUP(6) PAGODA_GROUP(7) PAGODA_GROUP(8)
+#undef PAGODA_GROUP
+    default:
+      for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
+        for (int h = 0; h < num_kv_heads; ++h)
+          float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, acc_f);
+      });
+  }
   for (int head = 0; head < num_heads; ++head) {
     store_head<float, kChunks>(acc + head * kChunks, weights[head], prefix, head, group, o_row);
     if (lse_row != nullptr) lse_row[head] = weights[head].lse;

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
         (9, 3, 64, torch.float32, None),
         (4, 4, 16, torch.float32, None),
         (8, 1, 32, torch.float32, 7),
+        # float32 V goes in runs of 16 tokens for groups up to 8 (register slices of
+        # 4, 2 or 1 vectors a head by the group's size), token by token above
+        (12, 2, 32, torch.float32, None),
+        (12, 1, 64, torch.float32, None),
         (4, 2, 64, torch.bfloat16, None),
         # 16-bit caches go in tiles of at most 16 / (head_dim / 16) query heads:
         (9, 3, 64, torch.bfloat16, None),  # one tile of 3 per KV head
