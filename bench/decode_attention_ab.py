@@ -208,7 +208,9 @@ def measure(seqs: int, args, clock, dtype: torch.dtype, builds: dict, gen) -> st
     """One line: old and new at `seqs` sequences, and the plain read of their KV."""
     lens = mixed_lens(seqs)
     cache_dtype = {"same": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.cache]
-    region, caches, tables, query, lens_t, rows, kv_bytes = step_inputs(lens, dtype, gen, cache_dtype)
+    region, caches, tables, query, lens_t, rows, kv_bytes = step_inputs(
+        lens, dtype, gen, cache_dtype
+    )
     if args.hot:
         caches = caches[:1].expand(LAYERS, *caches.shape[1:])
     outs = {m: torch.empty(seqs, HEADS, DIM, dtype=dtype) for m in builds}

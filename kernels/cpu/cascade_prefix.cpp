@@ -64,11 +64,17 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
   const int64_t tiles = (rows + kF32TileRows - 1) / kF32TileRows;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    WidenedContext wide;  // a half cache: the prefix of each KV head a thread meets, widened once
     for (int64_t n = next++; n < num_kv_heads * tiles; n = next++) {
       const int64_t h = n / tiles, first = h * rows + (n % tiles) * kF32TileRows;
       const int count = static_cast<int>(std::min<int64_t>(kF32TileRows, (h + 1) * rows - first));
-      const F32Context<cache_t> ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(), table, prefix_len, h,
-                           key_cache.size(1), num_kv_heads, d};
+      const F32Context<cache_t> cache_ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(), table,
+                                          prefix_len, h, key_cache.size(1), num_kv_heads, d};
+      F32Context<float> ctx;
+      if constexpr (!std::is_same_v<cache_t, float>)
+        ctx = wide.get(cache_ctx, h);
+      else
+        ctx = cache_ctx;
       attend_tile_f32(q_rows.data() + first * d, d, count, prefix_len - 1, 0, ctx, scale, 0, o + first * d, d,
                       l + first);
     }

@@ -6,8 +6,8 @@
 // or two (AVX2) hold one key's scores for all of them, so the online softmax is
 // lane-wise, as in the bf16 tile. K and V rows are read in place from
 // the paged cache (no packing: float32 rows are already what the FMAs take), 16
-// keys per softmax step; a half cache's 16 rows are widened into float32 rows
-// first (d x 16 x 2 conversions against d x 16 x 16 x 2 FMAs per step). Masked keys (causal edge, sliding window, the padding
+// keys per softmax step. A half cache's context is widened into float32 rows
+// first, once per (sequence, KV head) a thread meets (WidenedContext). Masked keys (causal edge, sliding window, the padding
 // past the context) only occur in the chunks at a tile's edges; those are
 // masked lane by lane in scalar code, and the rest run unmasked.
 #pragma once
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kv_half.h"
 #include "vec16.h"  // and immintrin.h
@@ -37,6 +38,44 @@ struct F32Context {
   const cache_t* v_cache;
   const int32_t* table;
   int64_t len, kv_head, block_size, num_kv_heads, head_dim;
+};
+
+// A half cache's (sequence, KV head) context as float32 rows [len][head_dim], which
+// the tiles read as a float32 cache of one block. Widened 16 keys at a time inside
+// each tile instead, every key was widened once per 16 query rows: a prefill
+// step's attention took 1.065x the float32 cache's time (emulated AVX2, Zen 4);
+// here once per thread per context. One per thread per call: `id` names the
+// context within the call (a sequence and KV head), and the rows stay while it
+// is the same; they live in the thread's buffer, kept between calls (a fresh
+// multi-MB one per layer would fault its pages in every time).
+class WidenedContext {
+ public:
+  template <typename cache_t>
+  F32Context<float> get(const F32Context<cache_t>& ctx, int64_t id) {
+    const int64_t d = ctx.head_dim;
+    if (id != id_ || ctx.len != len_) {
+      const size_t size = static_cast<size_t>(2 * std::max<int64_t>(ctx.len, 1) * d);
+      if (storage_.size() < size) storage_.resize(size);
+      float* k = storage_.data();
+      float* v = k + ctx.len * d;
+      for (int64_t t = 0; t < ctx.len; ++t) {
+        const int64_t at =
+            (static_cast<int64_t>(ctx.table[t / ctx.block_size]) * ctx.block_size + t % ctx.block_size) *
+                ctx.num_kv_heads * d +
+            ctx.kv_head * d;
+        widen_row(ctx.k_cache + at, d, k + t * d);
+        widen_row(ctx.v_cache + at, d, v + t * d);
+      }
+      id_ = id, len_ = ctx.len;
+    }
+    static const int32_t first_block = 0;
+    const float* k = storage_.data();
+    return {k, k + len_ * d, &first_block, len_, 0, std::max<int64_t>(len_, 1), 1, d};
+  }
+
+ private:
+  static inline thread_local std::vector<float> storage_;  // K rows, then V rows
+  int64_t id_ = -1, len_ = -1;
 };
 
 // Query rows per tile: kF32Vecs native vectors per key (2 with AVX2's 8 lanes,
@@ -70,17 +109,13 @@ inline void transpose8(__m256 r[8]) {
 // row_step (0: all at one position, as over a cascade's prefix); out rows
 // normalised, and with `lse` each row's log-sum-exp of scaled scores. Row i is
 // lane i % kNativeLanes of vector i / kNativeLanes.
-template <typename cache_t>
 void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_pos, int row_step,
-                     const F32Context<cache_t>& ctx, float scale, int64_t window, float* out, int64_t out_stride,
+                     const F32Context<float>& ctx, float scale, int64_t window, float* out, int64_t out_stride,
                      float* lse = nullptr) {
   constexpr int W = kNativeLanes, V = kF32Vecs;
   static_assert(kF32Keys == 16, "the score groups below split 16 keys");
   const int64_t d = ctx.head_dim;
   alignas(64) static thread_local float zero_row[kF32MaxDim];  // padding keys read this
-  // A half cache's 16 K and V rows of a step, widened (one row each for float32).
-  constexpr bool kWiden = !std::is_same_v<cache_t, float>;
-  alignas(64) float wide_k[kF32Keys][kWiden ? kF32MaxDim : 1], wide_v[kF32Keys][kWiden ? kF32MaxDim : 1];
   vnative qt[kF32MaxDim][V];  // Q^T: V vectors of rows per dim, scaled
   vnative ot[kF32MaxDim][V];  // O^T
   // Q^T and O^T go in and out through 8 x 8 transposes with AVX2: element by
@@ -129,16 +164,8 @@ void attend_tile_f32(const float* q, int64_t q_stride, int rows, int64_t first_p
       const int64_t at = (static_cast<int64_t>(ctx.table[real ? block : 0]) * ctx.block_size + slot) *
                              ctx.num_kv_heads * ctx.head_dim +
                          ctx.kv_head * ctx.head_dim;
-      if constexpr (kWiden) {
-        krow[j] = vrow[j] = zero_row;
-        if (real) {
-          widen_row(ctx.k_cache + at, d, wide_k[j]), widen_row(ctx.v_cache + at, d, wide_v[j]);
-          krow[j] = wide_k[j], vrow[j] = wide_v[j];
-        }
-      } else {
-        krow[j] = real ? ctx.k_cache + at : zero_row;
-        vrow[j] = real ? ctx.v_cache + at : zero_row;
-      }
+      krow[j] = real ? ctx.k_cache + at : zero_row;
+      vrow[j] = real ? ctx.v_cache + at : zero_row;
     }
     // Scores: each key element broadcast once against the V query vectors of
     // its dim, G keys at a time: G x V independent FMA chains. With AVX2 (V = 2)

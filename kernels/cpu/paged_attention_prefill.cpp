@@ -82,16 +82,25 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
                  torch::Tensor& out, float scale, int64_t window) {
   const int64_t num_heads = query.size(1), d = query.size(2), num_kv_heads = key_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, row_stride = num_heads * d, q_stride = query.stride(0);
-  const std::vector<Item> items = work_items(lens, ranges, num_seqs, num_heads);
+  // A half cache: one (sequence, KV head)'s items at a time, so a thread widens
+  // each context it meets once (WidenedContext).
+  constexpr bool kHalf = !std::is_same_v<cache_t, float>;
+  const std::vector<Item> items = work_items(lens, ranges, num_seqs, num_heads, kHalf ? group : 0);
   std::atomic<int64_t> next{0};
   const float* q = query.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    WidenedContext wide;
     for (int64_t n = next++; n < static_cast<int64_t>(items.size()); n = next++) {
       const Item& it = items[n];
-      const F32Context<cache_t> ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(),
-                           block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1), lens[it.seq],
-                           it.head / group, key_cache.size(1), num_kv_heads, d};
+      const F32Context<cache_t> cache_ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(),
+                                          block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1),
+                                          lens[it.seq], it.head / group, key_cache.size(1), num_kv_heads, d};
+      F32Context<float> ctx;
+      if constexpr (kHalf)
+        ctx = wide.get(cache_ctx, it.seq * num_kv_heads + it.head / group);
+      else
+        ctx = cache_ctx;
       const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
       for (int64_t t = 0; t < it.rows; t += kF32TileRows) {
         const int64_t row = it.first_row + t;
