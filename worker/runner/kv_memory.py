@@ -39,9 +39,10 @@ def kv_cache_dtype(
     """--kv-cache-dtype as a torch dtype. auto: the model's, except where the model
     computes in float32 a checkpoint stored in a half dtype (`widened_from`: a CPU
     without native bf16 under --dtype auto, worker/runner/platform.py): K/V stay in
-    that half dtype, as the linear weights do (worker/layers/cpu_half_f32.py). Decode
-    attention is memory-bound there, and this halves its bytes; each K/V value is
-    rounded once, as transformers' model in the checkpoint's dtype rounds it."""
+    that half dtype, as the linear weights do (worker/layers/cpu_half_f32.py): half
+    the bytes decode attention reads each step and twice the tokens in the same
+    memory; each K/V value is rounded once, as transformers' model in the
+    checkpoint's dtype rounds it."""
     if name != "auto":
         return _KV_DTYPES[name]
     if model_dtype == torch.float32 and widened_from in HALF_DTYPES:
