@@ -18,10 +18,7 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
         (9, 3, 64, torch.float32, None),
         (4, 4, 16, torch.float32, None),
         (8, 1, 32, torch.float32, 7),
-        # float32 V goes in runs of 16 tokens for groups up to 8 (register slices of
-        # 4, 2 or 1 vectors a head by the group's size), token by token above
         (12, 2, 32, torch.float32, None),
-        (12, 1, 64, torch.float32, None),
         (4, 2, 64, torch.bfloat16, None),
         # 16-bit caches go in tiles of at most 16 / (head_dim / 16) query heads:
         (9, 3, 64, torch.bfloat16, None),  # one tile of 3 per KV head
@@ -83,7 +80,10 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, dtype, wind
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    "num_heads, num_kv_heads, head_dim, window", [(9, 3, 64, None), (8, 1, 32, 7), (4, 4, 16, None)]
+    "num_heads, num_kv_heads, head_dim, window",
+    # V in runs of 16 tokens for groups up to 8 (register slices of 4, 2 or 1
+    # vectors a head by the group's size), token by token above
+    [(9, 3, 64, None), (8, 1, 32, 7), (4, 4, 16, None), (12, 2, 32, None), (12, 1, 64, None)],
 )
 @pytest.mark.parametrize(
     "seq_lens",
