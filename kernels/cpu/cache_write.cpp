@@ -24,10 +24,8 @@ namespace {
 void check_rows(const torch::Tensor& rows, const torch::Tensor& cache, const char* name) {
   TORCH_CHECK(rows.dim() == 3 && rows.stride(2) == 1 && rows.stride(1) == rows.size(2), name,
               " must be [tokens, kv_heads, head_dim] with contiguous heads per row");
-  TORCH_CHECK(rows.scalar_type() == cache.scalar_type() ||
-                  (rows.scalar_type() == torch::kFloat &&
-                   (cache.scalar_type() == torch::kBFloat16 || cache.scalar_type() == torch::kHalf)),
-              name, " must be in its cache's dtype (or float32 into a bf16/half cache)");
+  TORCH_CHECK(cache_serves(rows.scalar_type(), cache.scalar_type()), name,
+              " must be in its cache's dtype (or float32 into a bf16/half cache)");
   TORCH_CHECK(rows.size(1) == cache.size(2) && rows.size(2) == cache.size(3), name,
               " does not match its cache's heads");
 }
@@ -50,19 +48,19 @@ void write_kv_cache(const torch::Tensor& key, const torch::Tensor& value, torch:
   TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key and value caches differ in dtype");
   if (key.scalar_type() != key_cache.scalar_type()) {
     const int64_t row_elems = key.size(1) * key.size(2);
-    auto narrow = [&](auto* kc, auto* vc) {
+    return with_f32_cache_type(key_cache.scalar_type(), [&](auto element) {
+      using cache_t = decltype(element);
       const float* k = key.data_ptr<float>();
       const float* v = value.data_ptr<float>();
+      cache_t* kc = key_cache.data_ptr<cache_t>();
+      cache_t* vc = value_cache.data_ptr<cache_t>();
       at::parallel_for(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
           narrow_row(k + t * key.stride(0), row_elems, kc + slots[t] * row_elems);
           narrow_row(v + t * value.stride(0), row_elems, vc + slots[t] * row_elems);
         }
       });
-    };
-    if (key_cache.scalar_type() == torch::kBFloat16)
-      return narrow(key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>());
-    return narrow(key_cache.data_ptr<at::Half>(), value_cache.data_ptr<at::Half>());
+    });
   }
   const int64_t row_bytes = key.size(1) * key.size(2) * key.element_size();
   const char* k = static_cast<const char*>(key.data_ptr());

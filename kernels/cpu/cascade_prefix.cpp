@@ -89,8 +89,7 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
                            torch::Tensor& lse, double scale) {
   const bool bf16 = query.scalar_type() == torch::kBFloat16;
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && value_cache.scalar_type() == key_cache.scalar_type() &&
-                  (key_cache.scalar_type() == query.scalar_type() ||
-                   (!bf16 && (key_cache.scalar_type() == torch::kBFloat16 || key_cache.scalar_type() == torch::kHalf))),
+                  cache_serves(query.scalar_type(), key_cache.scalar_type()),
               "attention_over_prefix takes bf16 or float32, the same for query and caches (or bf16/half caches "
               "under a float32 query)");
   TORCH_CHECK(query_rows_of_heads(query) && key_cache.is_contiguous() && value_cache.is_contiguous(),
@@ -117,13 +116,11 @@ void attention_over_prefix(const torch::Tensor& query, const torch::Tensor& key_
   for (int64_t s = 0; s < num_seqs; ++s)
     TORCH_CHECK(qrows[s] >= 0 && qrows[s] < query.size(0), "query row ", qrows[s], " out of range");
   if (!bf16) {
-    auto run = [&](auto tag) {
-      prefix_f32<decltype(tag)>(query, key_cache, value_cache, prefix_table.data_ptr<int32_t>(), prefix_len, qrows,
-                                num_seqs, out.data_ptr<float>(), lse.data_ptr<float>(), static_cast<float>(scale));
-    };
-    if (key_cache.scalar_type() == torch::kBFloat16) return run(at::BFloat16{});
-    if (key_cache.scalar_type() == torch::kHalf) return run(at::Half{});
-    return run(float{});
+    return with_f32_cache_type(key_cache.scalar_type(), [&](auto element) {
+      prefix_f32<decltype(element)>(query, key_cache, value_cache, prefix_table.data_ptr<int32_t>(), prefix_len,
+                                    qrows, num_seqs, out.data_ptr<float>(), lse.data_ptr<float>(),
+                                    static_cast<float>(scale));
+    });
   }
 #ifdef PAGODA_PREFILL
   Layout lay{d, num_heads, num_kv_heads, block_size, kChunk * d};

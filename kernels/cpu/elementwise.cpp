@@ -307,8 +307,7 @@ void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const tor
                 "cos/sin caches must be contiguous, in qkv's dtype");
   const auto cache_type = key_cache.scalar_type();
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && value_cache.scalar_type() == cache_type &&
-                  (cache_type == qkv.scalar_type() ||
-                   (f32 && (cache_type == torch::kBFloat16 || cache_type == torch::kHalf))),
+                  cache_serves(qkv.scalar_type(), cache_type),
               "KV caches must be contiguous, in qkv's dtype (or bf16/half under float32 qkv)");
   TORCH_CHECK(cos_cache.size(1) == head_dim && sin_cache.sizes() == cos_cache.sizes(),
               "cos/sin caches must be [max_position, head_dim]");
@@ -322,15 +321,13 @@ void rope_write_kv(torch::Tensor& qkv, const torch::Tensor& positions, const tor
     TORCH_CHECK(pos[r] >= 0 && pos[r] < max_position, "rope_write_kv: position ", pos[r], " out of range");
     TORCH_CHECK(slots[r] >= 0 && slots[r] < num_slots, "rope_write_kv: slot ", slots[r], " out of range");
   }
-  if (f32) {
-    auto write = [&](auto* kc, auto* vc) {
-      rope_write_rows(qkv, pos, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(), kc, vc, slots,
-                      num_heads, num_kv_heads, head_dim, rotate_head_f32);
-    };
-    if (cache_type == torch::kBFloat16) return write(key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>());
-    if (cache_type == torch::kHalf) return write(key_cache.data_ptr<at::Half>(), value_cache.data_ptr<at::Half>());
-    return write(key_cache.data_ptr<float>(), value_cache.data_ptr<float>());
-  }
+  if (f32)
+    return with_f32_cache_type(cache_type, [&](auto element) {
+      using cache_t = decltype(element);
+      rope_write_rows(qkv, pos, cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
+                      key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(), slots, num_heads,
+                      num_kv_heads, head_dim, rotate_head_f32);
+    });
   rope_write_rows(qkv, pos, bits(cos_cache), bits(sin_cache), mutable_bits(key_cache),
                   mutable_bits(value_cache), slots, num_heads, num_kv_heads, head_dim, rotate_head_bf16);
 }

@@ -7,9 +7,10 @@
 // lane-wise, as in the bf16 tile. K and V rows are read in place from
 // the paged cache (no packing: float32 rows are already what the FMAs take), 16
 // keys per softmax step. A half cache's context is widened into float32 rows
-// first, once per (sequence, KV head) a thread meets (WidenedContext). Masked keys (causal edge, sliding window, the padding
-// past the context) only occur in the chunks at a tile's edges; those are
-// masked lane by lane in scalar code, and the rest run unmasked.
+// first, once per (sequence, KV head) a thread meets (WidenedContext). Masked
+// keys (causal edge, sliding window, the padding past the context) only occur in
+// the chunks at a tile's edges; those are masked lane by lane in scalar code, and
+// the rest run unmasked.
 #pragma once
 
 #include <torch/extension.h>

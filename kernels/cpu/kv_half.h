@@ -4,7 +4,7 @@
 // On a CPU without fast bf16 arithmetic (AVX2) a half checkpoint runs in float32
 // with its linear weights stored half (worker/layers/cpu_half_f32.py); its K/V
 // are stored half too (--kv-cache-dtype auto, worker/runner/kv_memory.py), which
-// halves what decode attention reads, and decode attention is its bytes there.
+// halves what decode attention reads and doubles the tokens a cache holds.
 // The float32 kernels take such caches through these loads: q, scores and
 // accumulators stay float32, as in transformers' bf16 model with its K/V in bf16
 // (each value rounded once, when written).
@@ -13,6 +13,20 @@
 #include "vec16.h"  // and immintrin.h
 
 namespace {
+
+// Whether a kernel whose activations are `act` reads and writes a `cache` cache:
+// the same dtype, or bf16/half under float32.
+inline bool cache_serves(at::ScalarType act, at::ScalarType cache) {
+  return cache == act || (act == at::kFloat && (cache == at::kBFloat16 || cache == at::kHalf));
+}
+
+// fn(a value of the element type of a float32 kernel's `cache`: float, bf16 or half).
+template <typename Fn>
+decltype(auto) with_f32_cache_type(at::ScalarType cache, Fn&& fn) {
+  if (cache == at::kBFloat16) return fn(at::BFloat16{});
+  if (cache == at::kHalf) return fn(at::Half{});
+  return fn(float{});
+}
 
 // Any cache element type to float32 lanes of the CPU's native width.
 inline vnative load_native(const at::BFloat16* p) {
@@ -61,16 +75,12 @@ inline void narrow_row(const float* in, int64_t n, at::Half* out) {
   for (; i < n; ++i) out[i] = static_cast<at::Half>(in[i]);
 }
 
-// n cache values (n a multiple of 8) widened into float32 (a flash tile's rows).
-template <typename cache_t>
-inline void widen_row(const cache_t* in, int64_t n, float* out) {
-  if constexpr (std::is_same_v<cache_t, float>) {
-    std::memcpy(out, in, n * sizeof(float));
-  } else {
-    int64_t i = 0;
-    for (; i + kNativeLanes <= n; i += kNativeLanes) store_native(out + i, load_native(in + i));
-    for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
-  }
+// n bf16/half cache values widened into float32 (a flash tile's rows).
+template <typename half_t>
+inline void widen_row(const half_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + kNativeLanes <= n; i += kNativeLanes) store_native(out + i, load_native(in + i));
+  for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
 }
 
 }  // namespace

@@ -189,19 +189,26 @@ void decode_sequence_f32(const float* q_row, const cache_t* k_base, const cache_
     });
     if (n > 0) float_weighted_rows<kChunks, G>(scores.data(), span, j0, rows, n, num_kv_heads, acc_f);
   };
-  switch (std::is_same_v<cache_t, float> ? 0 : group) {
-#define PAGODA_GROUP(g)                   \
-  case g:                                 \
+  auto token_by_token = [&] {
+    for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
+      for (int h = 0; h < num_kv_heads; ++h)
+        float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, acc_f);
+    });
+  };
+  if constexpr (std::is_same_v<cache_t, float>) {
+    token_by_token();
+  } else {
+    switch (group) {
+#define PAGODA_GROUP(g)                     \
+  case g:                                   \
     runs(std::integral_constant<int, g>{}); \
     break;
-    PAGODA_GROUP(1) PAGODA_GROUP(2) PAGODA_GROUP(3) PAGODA_GROUP(4)
-    PAGODA_GROUP(5) PAGODA_GROUP(6) PAGODA_GROUP(7) PAGODA_GROUP(8)
+      PAGODA_GROUP(1) PAGODA_GROUP(2) PAGODA_GROUP(3) PAGODA_GROUP(4)
+      PAGODA_GROUP(5) PAGODA_GROUP(6) PAGODA_GROUP(7) PAGODA_GROUP(8)
 #undef PAGODA_GROUP
-    default:
-      for_each_token<kRowPrefetchBlocks>(v_base, s, 0, s.token_stride, [&](const cache_t* v, int64_t t) {
-        for (int h = 0; h < num_kv_heads; ++h)
-          float_weighted_sum<kChunks>(scores.data() + t - s.first, span, v, h, group, acc_f);
-      });
+      default:
+        token_by_token();
+    }
   }
   for (int head = 0; head < num_heads; ++head) {
     store_head<float, kChunks>(acc + head * kChunks, weights[head], prefix, head, group, o_row);
@@ -490,21 +497,16 @@ void paged_attention_decode(const torch::Tensor& query, const torch::Tensor& key
   TORCH_CHECK(out.scalar_type() == query.scalar_type(), "out must be in the query's dtype");
   TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "key and value caches differ in dtype");
   const auto cache_type = key_cache.scalar_type();
-  TORCH_CHECK(cache_type == query.scalar_type() || (query.scalar_type() == torch::kFloat &&
-                                                    (cache_type == torch::kBFloat16 || cache_type == torch::kHalf)),
+  TORCH_CHECK(cache_serves(query.scalar_type(), cache_type),
               "paged_attention_decode: the caches must be in the query's dtype (or bf16/half under a float32 "
               "query), got ", cache_type, " for ", query.scalar_type());
   switch (query.scalar_type()) {
     case torch::kFloat:
-      if (cache_type == torch::kBFloat16)
-        return dispatch_head_dim<float, at::BFloat16>(query, key_cache, value_cache, block_tables, seq_lens,
-                                                      query_rows, out, scale, sliding_window, prefix_len, p_out,
-                                                      p_lse);
-      if (cache_type == torch::kHalf)
-        return dispatch_head_dim<float, at::Half>(query, key_cache, value_cache, block_tables, seq_lens,
-                                                  query_rows, out, scale, sliding_window, prefix_len, p_out, p_lse);
-      return dispatch_head_dim<float>(query, key_cache, value_cache, block_tables, seq_lens, query_rows,
-                                  out, scale, sliding_window, prefix_len, p_out, p_lse);
+      return with_f32_cache_type(cache_type, [&](auto element) {
+        dispatch_head_dim<float, decltype(element)>(query, key_cache, value_cache, block_tables, seq_lens,
+                                                    query_rows, out, scale, sliding_window, prefix_len, p_out,
+                                                    p_lse);
+      });
     case torch::kBFloat16:
       return dispatch_head_dim<at::BFloat16>(query, key_cache, value_cache, block_tables, seq_lens,
                                          query_rows, out, scale, sliding_window, prefix_len, p_out, p_lse);

@@ -130,8 +130,7 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
   const bool bf16 = query.scalar_type() == torch::kBFloat16;
   TORCH_CHECK((bf16 || query.scalar_type() == torch::kFloat) && out.scalar_type() == query.scalar_type() &&
                   value_cache.scalar_type() == key_cache.scalar_type() &&
-                  (key_cache.scalar_type() == query.scalar_type() ||
-                   (!bf16 && (key_cache.scalar_type() == torch::kBFloat16 || key_cache.scalar_type() == torch::kHalf))),
+                  cache_serves(query.scalar_type(), key_cache.scalar_type()),
               "paged_attention_prefill takes bf16 or float32, the same for query, caches and out (or bf16/half "
               "caches under a float32 query)");
   TORCH_CHECK(query_rows_of_heads(query) && out.is_contiguous(),
@@ -159,13 +158,10 @@ void paged_attention_prefill(const torch::Tensor& query, const torch::Tensor& ke
                 "block table too short");
   }
   if (!bf16) {
-    auto run = [&](auto tag) {
-      prefill_f32<decltype(tag)>(query, key_cache, value_cache, block_tables, lens, ranges, num_seqs, out,
-                                 static_cast<float>(scale), sliding_window);
-    };
-    if (key_cache.scalar_type() == torch::kBFloat16) return run(at::BFloat16{});
-    if (key_cache.scalar_type() == torch::kHalf) return run(at::Half{});
-    return run(float{});
+    return with_f32_cache_type(key_cache.scalar_type(), [&](auto element) {
+      prefill_f32<decltype(element)>(query, key_cache, value_cache, block_tables, lens, ranges, num_seqs, out,
+                                     static_cast<float>(scale), sliding_window);
+    });
   }
 #ifdef PAGODA_PREFILL
   Layout lay{query.size(2), query.size(1), key_cache.size(2), key_cache.size(1), kChunk * query.size(2)};

@@ -18,6 +18,7 @@ import mmap
 
 import torch
 
+from worker.attention.backends.base import HALF_KV_DTYPES
 from worker.huge_pages import HUGE_PAGE, huge_page_mapping
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
@@ -30,7 +31,6 @@ _KV_DTYPES = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
 }
-HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def kv_cache_dtype(
@@ -45,7 +45,7 @@ def kv_cache_dtype(
     checkpoint's dtype rounds it."""
     if name != "auto":
         return _KV_DTYPES[name]
-    if model_dtype == torch.float32 and widened_from in HALF_DTYPES:
+    if model_dtype == torch.float32 and widened_from in HALF_KV_DTYPES:
         return widened_from
     return model_dtype
 

@@ -146,7 +146,7 @@ def test_decode_rows_sharing_a_prefix_run_as_a_cascade(dtype):
             assert meta.cascade_blocks == 10
             assert meta.decode_min_len == 161
             prefix_len = backend._cascade_prefix_len(query, caches[0], meta, None)
-            assert prefix_len == (160 if backend._kernel_prefill(query, caches[0]) else 0)
+            assert prefix_len == (160 if backend._kernel_prefill(query) else 0)
             assert backend._cascade_prefix_len(query, caches[0], meta, 64) == 0
     tolerance = 2e-2 if dtype == torch.bfloat16 else 2e-5
     torch.testing.assert_close(

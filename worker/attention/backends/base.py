@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from worker.layers.attention import Attention, LayerAttention
 
 
+# The cache dtypes a float32 model may keep its K/V in where the backend allows it
+# (`half_kv_under_float32`).
+HALF_KV_DTYPES = (torch.bfloat16, torch.float16)
+
+
 class AttentionBackend(ABC):
     name: str
     # Whether forward() reads nothing from the host, so a CUDA graph can replay it
@@ -38,8 +43,7 @@ class AttentionBackend(ABC):
         """Whether this backend serves a model computing in `dtype` over a `kv_dtype` cache."""
         if kv_dtype == dtype or kv_dtype in self.extra_kv_dtypes:
             return True
-        half = (torch.bfloat16, torch.float16)
-        return self.half_kv_under_float32 and dtype == torch.float32 and kv_dtype in half
+        return self.half_kv_under_float32 and dtype == torch.float32 and kv_dtype in HALF_KV_DTYPES
 
     def kv_cache_shape(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int

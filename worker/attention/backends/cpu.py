@@ -103,7 +103,7 @@ class CPUAttentionBackend(AttentionBackend):
         out = torch.empty(query.shape, dtype=query.dtype)  # [num_tokens, heads, head_dim]
         if plan.decode_seq_ids:
             self._decode(query, key_cache, value_cache, plan, out, scale, sliding_window)
-        if plan.prefills and self._kernel_prefill(query, key_cache):
+        if plan.prefills and self._kernel_prefill(query):
             self.kernels.paged_attention_prefill(
                 query,
                 key_cache,
@@ -205,11 +205,11 @@ class CPUAttentionBackend(AttentionBackend):
     def _cascade_prefix_len(self, query, key_cache, plan, sliding_window) -> int:
         """Tokens of the shared prefix to attend as a cascade, or 0 (cpu_metadata's
         cascade_prefix_len, where these layers' kernels take a cascade)."""
-        if not plan.cascade_blocks or sliding_window or not self._kernel_prefill(query, key_cache):
+        if not plan.cascade_blocks or sliding_window or not self._kernel_prefill(query):
             return 0
         return cascade_prefix_len(plan, key_cache.shape[1])
 
-    def _kernel_prefill(self, query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    def _kernel_prefill(self, query: torch.Tensor) -> bool:
         """Whether prefill rows (and a cascade's prefix) go through the C++ tiles."""
         return self.kernel_prefill_for(query.dtype, query.shape[2])
 
