@@ -3,9 +3,14 @@
 Three sections of `pagoda bench summary`, each empty when its lines are missing:
 
 * serving, Pagoda against vLLM: total tokens/s and TTFT p50 at each concurrency
-  both engines ran.
-* one stream (concurrency 1): decode speed as a fraction of the memory-bandwidth
-  bound of the weights as each engine stores them,
+  both engines ran, a row per round where run_all.sh ran several (SERVE_ROUNDS:
+  Pagoda then vLLM in each; the k-th line of each engine at a concurrency, in
+  file order, make round k). A round's two servers ran minutes apart, so on a
+  host whose speed drifts one round can mislead; the target rows take the
+  median of the rounds' ratios.
+* one stream (concurrency 1): decode speed (the median of the rounds' TPOT p50)
+  as a fraction of the memory-bandwidth bound of the weights as each engine
+  stores them,
 
       decode tok/s = 1000 / TPOT p50 (ms)
       bound tok/s  = read bandwidth (roofline) / weight bytes read per token
@@ -21,6 +26,8 @@ the machine again at the end). Workload names cut by `--num-requests`
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from typing import Any
 
 from bench.weight_bytes import params_bytes
@@ -56,17 +63,32 @@ def _rooflines(records: list[dict]) -> dict[str, dict]:
     return {base_name(r["workload"]): r for r in records if r.get("kind") == "roofline"}
 
 
-def _serve(records: list[dict]) -> dict[tuple[str, int], dict]:
-    """(engine, concurrency) -> the last `mixed` line at a fixed concurrency."""
-    rows = {}
+def _serve_lines(records: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """(engine, concurrency) -> its `mixed` lines at a fixed concurrency, in file order."""
+    rows: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for r in records:
         if (
             r.get("kind") == "serve"
             and r.get("concurrency")
             and base_name(r["workload"]) == "mixed"
         ):
-            rows[(r["engine"], r["concurrency"])] = r
+            rows[(r["engine"], r["concurrency"])].append(r)
     return rows
+
+
+def serve_rounds(records: list[dict]) -> dict[int, list[tuple[dict, dict]]]:
+    """concurrency -> [(Pagoda's line, vLLM's line)], one pair per round: the k-th
+    line of each at that concurrency. Pagoda is the engine named `pagoda`, or else
+    any engine that is not vLLM."""
+    lines = _serve_lines(records)
+    rounds = {}
+    for c in sorted({c for _, c in lines}):
+        found = {e: rs for (e, cc), rs in lines.items() if cc == c}
+        theirs = [r for e, rs in found.items() if _is_vllm(e) for r in rs]
+        ours = found.get("pagoda") or [r for e, rs in found.items() if not _is_vllm(e) for r in rs]
+        if ours and theirs:
+            rounds[c] = list(zip(ours, theirs))
+    return rounds
 
 
 def fastest_dtype(roofline: dict) -> str | None:
@@ -75,26 +97,26 @@ def fastest_dtype(roofline: dict) -> str | None:
     return max(peaks, key=peaks.get) if peaks else None
 
 
-def _pick(rows: dict, concurrency: int, vllm: bool) -> dict | None:
-    found = [r for (e, c), r in rows.items() if c == concurrency and _is_vllm(e) == vllm]
-    pagoda = [r for r in found if vllm or r["engine"] == "pagoda"]
-    return (pagoda or found or [None])[-1]
+def _ratios(pair: tuple[dict, dict]) -> tuple[float, float]:
+    """(total tok/s ratio, TTFT p50 ratio), Pagoda over vLLM."""
+    ours, theirs = pair
+    return (
+        ours["total_token_throughput"] / theirs["total_token_throughput"],
+        ours["ttft_ms"]["p50"] / theirs["ttft_ms"]["p50"],
+    )
 
 
 def serving_comparison(records: list[dict]) -> list[str]:
-    rows = _serve(records)
     lines = []
-    for c in sorted({c for _, c in rows}):
-        ours, theirs = _pick(rows, c, False), _pick(rows, c, True)
-        if ours is None or theirs is None:
-            continue
-        ours_ttft, theirs_ttft = ours["ttft_ms"]["p50"], theirs["ttft_ms"]["p50"]
-        lines.append(
-            f"| c={c} | {ours['total_token_throughput']:.1f} "
-            f"| {theirs['total_token_throughput']:.1f} "
-            f"| {ours['total_token_throughput'] / theirs['total_token_throughput']:.2f}x "
-            f"| {ours_ttft:.1f} | {theirs_ttft:.1f} | {ours_ttft / theirs_ttft:.2f} |"
-        )
+    for c, pairs in serve_rounds(records).items():
+        for k, (ours, theirs) in enumerate(pairs):
+            ratio, ttft = _ratios((ours, theirs))
+            load = f"c={c}" if len(pairs) == 1 else f"c={c} round {k + 1}"
+            lines.append(
+                f"| {load} | {ours['total_token_throughput']:.1f} "
+                f"| {theirs['total_token_throughput']:.1f} | {ratio:.2f}x "
+                f"| {ours['ttft_ms']['p50']:.1f} | {theirs['ttft_ms']['p50']:.1f} | {ttft:.2f} |"
+            )
     if not lines:
         return []
     return [
@@ -127,10 +149,11 @@ def single_stream(records: list[dict]) -> list[dict[str, Any]]:
     rooflines = [r for r in records if r.get("kind") == "roofline"]
     read_gb_s = rooflines[-1].get("memory_gb_s", {}).get("read") if rooflines else None
     rows = []
-    for (engine, c), r in _serve(records).items():
-        tpot = r["tpot_ms"]["p50"]
-        if c != 1 or not tpot:
+    for (engine, c), lines in _serve_lines(records).items():
+        tpots = [r["tpot_ms"]["p50"] for r in lines if r["tpot_ms"]["p50"]]
+        if c != 1 or not tpots:
             continue
+        tpot = statistics.median(tpots)
         weight_bytes = _weight_bytes(engine, records)
         bound = read_gb_s * 1e9 / weight_bytes if read_gb_s and weight_bytes else None
         rate = 1000.0 / tpot
@@ -178,7 +201,7 @@ def _row(name: str, measured: str, goal: str, met: bool) -> str:
 
 
 def target_rows(records: list[dict]) -> list[str]:
-    offline, rooflines, serve = _offline(records), _rooflines(records), _serve(records)
+    offline, rooflines, rounds = _offline(records), _rooflines(records), serve_rounds(records)
     rows = []
     for (workload, engine, uncached), ours in offline.items():
         if engine != "pagoda" or uncached:
@@ -210,15 +233,17 @@ def target_rows(records: list[dict]) -> list[str]:
                  f"<= {CACHE_RATIO} (AVX2)", ratio <= CACHE_RATIO)
         )  # fmt: skip
     for c in SERVE_CONCURRENCY:
-        ours, theirs = _pick(serve, c, False), _pick(serve, c, True)
-        if ours is None or theirs is None:
+        if c not in rounds:
             continue
-        ratio = ours["total_token_throughput"] / theirs["total_token_throughput"]
-        ttft = ours["ttft_ms"]["p50"] / theirs["ttft_ms"]["p50"]
+        each = [_ratios(pair) for pair in rounds[c]]
+        ratio = statistics.median(r for r, _ in each)
+        ttft = statistics.median(t for _, t in each)
+        measured = f"{ratio:.2f}x, TTFT {ttft:.2f}"
+        if len(each) > 1:
+            measured += " (median of rounds: " + ", ".join(f"{r:.2f}x" for r, _ in each) + ")"
         rows.append(
-            _row(f"served c={c}: total tok/s vs vLLM, TTFT p50 ratio",
-                 f"{ratio:.2f}x, TTFT {ttft:.2f}", f">= {SERVE_RATIO}x, TTFT <= 1",
-                 ratio >= SERVE_RATIO and ttft <= 1.0)
+            _row(f"served c={c}: total tok/s vs vLLM, TTFT p50 ratio", measured,
+                 f">= {SERVE_RATIO}x, TTFT <= 1", ratio >= SERVE_RATIO and ttft <= 1.0)
         )  # fmt: skip
     for r in single_stream(records):
         if r["engine"] == "pagoda" and r["fraction"] is not None:

@@ -92,3 +92,39 @@ def test_single_stream_bound_from_stored_bytes():
 def test_fastest_dtype_and_nothing_to_report():
     assert fastest_dtype(roofline("mixed")) == "bfloat16"
     assert target_sections([offline("pagoda", "decode", 5.0)]) == []
+
+
+ROUNDS = [
+    roofline("mixed"),
+    offline("pagoda", "mixed", 1800.0, weight_bytes=250_000_000),
+    # Round 1: Pagoda's servers, then vLLM's; round 2 the same (bench/run_all.sh).
+    serve("pagoda", 1, 180.0, 80.0, 12.5),
+    serve("pagoda", 16, 1300.0, 150.0, 40.0),
+    serve("vllm-cpu", 1, 150.0, 90.0, 20.0),
+    serve("vllm-cpu", 16, 1000.0, 200.0, 50.0),
+    serve("pagoda", 1, 170.0, 80.0, 15.0),
+    serve("pagoda", 16, 1200.0, 180.0, 40.0),
+    serve("vllm-cpu", 1, 150.0, 90.0, 20.0),
+    serve("vllm-cpu", 16, 1000.0, 150.0, 50.0),
+]
+
+
+def test_rounds_pair_in_file_order_and_targets_take_the_median():
+    out = "\n".join(target_sections(ROUNDS))
+    assert "| c=16 round 1 | 1300.0 | 1000.0 | 1.30x | 150.0 | 200.0 | 0.75 |" in out
+    assert "| c=16 round 2 | 1200.0 | 1000.0 | 1.20x | 180.0 | 150.0 | 1.20 |" in out
+    # median of 1.30x and 1.20x: 1.25x; of TTFT 0.75 and 1.20: 0.975
+    assert (
+        "| served c=16: total tok/s vs vLLM, TTFT p50 ratio "
+        "| 1.25x, TTFT 0.97 (median of rounds: 1.30x, 1.20x) | >= 1.3x, TTFT <= 1 | **no** |"
+    ) in out
+    pagoda = single_stream(ROUNDS)[0]
+    # TPOT p50 12.5 and 15.0 ms: the median, 13.75 ms
+    assert (pagoda["engine"], pagoda["tpot_ms"]) == ("pagoda", 13.75)
+
+
+def test_a_round_without_its_vllm_half_is_left_out():
+    lines = ROUNDS[:-2]  # round 2's vLLM lines are missing
+    out = "\n".join(target_sections(lines))
+    assert "| c=16 | 1300.0 | 1000.0 | 1.30x |" in out  # round 2's Pagoda line has no pair
+    assert "round" not in out
