@@ -70,11 +70,7 @@ void prefix_f32(const torch::Tensor& query, const torch::Tensor& key_cache, cons
       const int count = static_cast<int>(std::min<int64_t>(kF32TileRows, (h + 1) * rows - first));
       const F32Context<cache_t> cache_ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(), table,
                                           prefix_len, h, key_cache.size(1), num_kv_heads, d};
-      F32Context<float> ctx;
-      if constexpr (!std::is_same_v<cache_t, float>)
-        ctx = wide.get(cache_ctx, h);
-      else
-        ctx = cache_ctx;
+      const F32Context<float> ctx = wide.get(cache_ctx, h);
       attend_tile_f32(q_rows.data() + first * d, d, count, prefix_len - 1, 0, ctx, scale, 0, o + first * d, d,
                       l + first);
     }

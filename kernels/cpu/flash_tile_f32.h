@@ -48,9 +48,12 @@ struct F32Context {
 // here once per thread per context. One per thread per call: `id` names the
 // context within the call (a sequence and KV head), and the rows stay while it
 // is the same; they live in the thread's buffer, kept between calls (a fresh
-// multi-MB one per layer would fault its pages in every time).
+// multi-MB one per layer would fault its pages in every time). A float32 cache's
+// context is read in place.
 class WidenedContext {
  public:
+  const F32Context<float>& get(const F32Context<float>& ctx, int64_t) { return ctx; }
+
   template <typename cache_t>
   F32Context<float> get(const F32Context<cache_t>& ctx, int64_t id) {
     const int64_t d = ctx.head_dim;

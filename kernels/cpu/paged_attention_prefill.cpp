@@ -96,11 +96,7 @@ void prefill_f32(const torch::Tensor& query, const torch::Tensor& key_cache, con
       const F32Context<cache_t> cache_ctx{key_cache.data_ptr<cache_t>(), value_cache.data_ptr<cache_t>(),
                                           block_tables.data_ptr<int32_t>() + it.seq * block_tables.size(1),
                                           lens[it.seq], it.head / group, key_cache.size(1), num_kv_heads, d};
-      F32Context<float> ctx;
-      if constexpr (kHalf)
-        ctx = wide.get(cache_ctx, it.seq * num_kv_heads + it.head / group);
-      else
-        ctx = cache_ctx;
+      const F32Context<float> ctx = wide.get(cache_ctx, it.seq * num_kv_heads + it.head / group);
       const int64_t first_pos = lens[it.seq] - (ranges[2 * it.seq + 1] - it.first_row);
       for (int64_t t = 0; t < it.rows; t += kF32TileRows) {
         const int64_t row = it.first_row + t;
