@@ -56,8 +56,13 @@ class ModelRunner:
         # Resolved before anything loads: an unservable format fails at start.
         quant_config = resolve_quantization(spec.quantization_config, config.model.quantization)
         self.backend = get_attention_backend(config.device.attention_backend, device)
-        # A half checkpoint that --dtype auto runs in float32 on this CPU.
-        widened_from = spec.checkpoint_dtype if config.model.dtype == "auto" else None
+        # A half checkpoint that --dtype auto runs in float32 on this CPU keeps its K/V
+        # half under auto where the backend reads such a cache (else float32, as named).
+        widened_from = (
+            spec.checkpoint_dtype
+            if config.model.dtype == "auto" and self.backend.half_kv_under_float32
+            else None
+        )
         self.kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, widened_from)
         if self.kv_dtype != dtype and config.cache.kv_cache_dtype == "auto":
             logger.info(

@@ -67,6 +67,17 @@ def test_float32_keeps_a_float32_cache_and_the_budget_halves(avx2_cpu, make_chec
     assert full.kv_budget.num_blocks == f32.num_blocks
 
 
+def test_auto_keeps_float32_where_the_backend_reads_no_half_cache(
+    avx2_cpu, make_checkpoint, monkeypatch
+):
+    from worker.attention.backends.cpu import CPUAttentionBackend
+
+    monkeypatch.setattr(CPUAttentionBackend, "half_kv_under_float32", False)
+    path = make_checkpoint("llama", dtype=torch.bfloat16)
+    runner = LLM(str(path), max_model_len=64, num_kv_blocks=16).engine.core.runner
+    assert (runner.dtype, runner.kv_dtype) == (torch.float32, torch.float32)
+
+
 def test_auto_resolution():
     bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     assert kv_cache_dtype("auto", f32, bf16) == bf16  # widened half checkpoint
