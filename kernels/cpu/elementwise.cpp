@@ -71,11 +71,12 @@ void check_bf16_rows(const torch::Tensor& x, const char* name) {
 inline vec16 load_bf16(const uint16_t* p) { return load(reinterpret_cast<const at::BFloat16*>(p)); }
 
 // out[i] = w[i] * bf16(h[i] * rsqrt(mean(h^2) + eps)), h already bf16-rounded (fp32 here).
+// The inner rounding stays in fp32 registers (round_bf16, as in rotate_head_bf16).
 inline void norm_row(const float* h, const uint16_t* w, uint16_t* out, int64_t n, float eps) {
   const float inv = inv_rms(h, n, eps);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    store_halves(out + i, bf16_halves(load_bf16(w + i) * widen(bf16_halves(load(h + i) * inv))));
+    store_halves(out + i, bf16_halves(load_bf16(w + i) * round_bf16(load(h + i) * inv)));
   for (; i < n; ++i) out[i] = to_bf16(to_f32(w[i]) * round_bf16(h[i] * inv));
 }
 
@@ -187,9 +188,11 @@ void rotate_head_bf16(uint16_t* x, const uint16_t* c, const uint16_t* s, int64_t
   for (; i + kLanes <= half; i += kLanes) {  // 16 lanes at a time
     const vec16 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
     const vec16 ci = load_bf16(c + i), si = load_bf16(s + i);
-    const auto rounded = [](vec16 v) { return widen(bf16_halves(v)); };
-    store_halves(x + i, bf16_halves(rounded(x1 * ci) - rounded(x2 * si)));
-    store_halves(x + i + half, bf16_halves(rounded(x2 * ci) + rounded(x1 * si)));
+    // The products' roundings stay in fp32 registers (round_bf16: integer ops,
+    // ties to even, denormals kept), which is bf16_halves then widen for every
+    // finite lane and keeps NaN a NaN; the stored sums go through bf16_halves.
+    store_halves(x + i, bf16_halves(round_bf16(x1 * ci) - round_bf16(x2 * si)));
+    store_halves(x + i + half, bf16_halves(round_bf16(x2 * ci) + round_bf16(x1 * si)));
   }
   for (; i < half; ++i) {
     const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
