@@ -217,9 +217,10 @@ inline vec16 widen(uvec16 bits) { return reinterpret_cast<vec16>(bits << 16); }
 
 // bf16 bits of each lane as torch's conversion makes them (ties to even, NaN
 // quieted), 16 bits a lane. With AVX512-BF16 that is vcvtneps2bf16, 2 uops
-// where bf16_bits and the narrowing take about 12, and the norm and RoPE
-// kernels are bound by those ops; the instruction reads a denormal input as
-// zero, so a vector holding one (none in practice) takes bf16_bits instead.
+// where bf16_bits and the narrowing take about 12; the instruction reads a
+// denormal input as zero, so a vector holding one (none in practice) takes
+// bf16_bits instead. A rounding that stays in fp32 (round_bf16) is cheaper
+// still: no check, no narrowing and widening back.
 inline hvec16 bf16_halves(vec16 v) {
 #ifdef __AVX512BF16__
   const __m512i mag = _mm512_and_si512(reinterpret_cast<__m512i>(v), _mm512_set1_epi32(0x7fffffff));
