@@ -12,7 +12,7 @@
 //                            torch's .to rounds: kv_half.h)
 //   slot_mapping:            [num_tokens] int64, block * block_size + offset
 // The plain-PyTorch twin is write_kv_reference in kernels/paged_attention_reference.py.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>

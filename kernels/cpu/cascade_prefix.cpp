@@ -24,7 +24,7 @@
 //   lse:              [num_kv_heads, num_seqs * group] float32, log-sum-exp of those rows'
 //                     scaled scores over the prefix
 // The plain-PyTorch twin: kernels/paged_attention_reference.py over the whole context.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <atomic>

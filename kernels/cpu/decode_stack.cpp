@@ -19,7 +19,8 @@
 //     it, merged with attention_over_prefix's output over the prefix
 //   h = add_rms_norm(o(attn [T, nh d]), residual); h = down(silu(gate_up(h)))
 // and last add_rms_norm(h, residual, final norm) -> [T, H], what the plan returns.
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 
 #include <optional>
 #include <vector>

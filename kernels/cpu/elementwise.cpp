@@ -24,7 +24,7 @@
 //                            qkv's dtype, or bf16/half under float32 qkv (kv_half.h)
 // The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py (rope_write_kv:
 // rotary.py's, then write_kv_reference in kernels/paged_attention_reference.py).
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

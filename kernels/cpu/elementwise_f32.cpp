@@ -12,7 +12,7 @@
 // Shapes: as in elementwise.cpp (x, residual [num_tokens, hidden]; silu's
 // x [num_tokens, 2 * d]); RoPE here is one head, the rows are elementwise.cpp's.
 // The plain-PyTorch twins are worker/layers/{layernorm,activation,rotary}.py.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -12,7 +12,7 @@
 // tiles through each chunk together.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

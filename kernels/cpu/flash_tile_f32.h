@@ -13,7 +13,7 @@
 // the rest run unmasked.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

@@ -27,7 +27,7 @@
 //   bf16_panel_linear_silu: W = [gate; up] (N % 64 == 0), out: [M, N / 2] bf16
 // The plain twins are F.linear, and F.linear then SiluAndMul
 // (worker/layers/quantization/cpu_packed.py, worker/layers/activation.py).
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -29,7 +29,8 @@
 // results match it up to float32 summation order, and the fused linear matches
 // half_panel_linear then silu_and_mul_f32 bit for bit
 // (tests/kernels/test_cpu_half_f32.py).
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -28,7 +28,8 @@
 //            [K / group, N] float32, offsets = scale * (zero - 8)
 // The plain twin dequantizes to bf16 and calls F.linear
 // (worker/layers/quantization/int_weight.py, fp8_weight.py).
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

@@ -29,7 +29,8 @@
 //           linear then silu_and_mul).
 // The plain twins are F.linear and F.linear then SiluAndMul
 // (tests/kernels/test_cpu_gemv_bf16.py).
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

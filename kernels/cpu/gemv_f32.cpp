@@ -39,7 +39,8 @@
 //
 // Shapes: x [M, K] float32 contiguous, 1 <= M <= 8; packed [N / 16, K, 16]
 // bf16/fp16; bias [N] float32 or None; out [M, N] float32.
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

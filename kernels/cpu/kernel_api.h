@@ -3,7 +3,7 @@
 // calls them from its native decode loop.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <optional>
 #include <tuple>

@@ -5,7 +5,7 @@
 //   x [M, K], packed weight (the kernel's own layout), bias [N] or none -> [M, N].
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <optional>
 

@@ -1,6 +1,7 @@
 // The one Python module of the CPU kernels: each .cpp defines its functions
 // (declared in kernel_api.h), this file binds them.
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 
 #include <optional>
 #include <tuple>

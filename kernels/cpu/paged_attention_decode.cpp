@@ -21,7 +21,7 @@
 //                        [prefix_len, seq_len) and merges the two by log-sum-exp.
 //
 // The plain-PyTorch twin is kernels/paged_attention_reference.py.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

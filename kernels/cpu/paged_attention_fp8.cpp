@@ -30,7 +30,8 @@
 //                        [qsl[i], qsl[i + 1]), its last positions
 // The plain-PyTorch twins are write_kv_reference and paged_attention_reference
 // in kernels/paged_attention_reference.py (fp8 caches, k_scale / v_scale).
-#include <torch/extension.h>
+#include <torch/python.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -24,7 +24,7 @@
 //   seq_lens:          [num_seqs] int32, context length including the new rows
 //   query_ranges:      [num_seqs, 2] int64, each sequence's rows [first, end) in query
 // The plain-PyTorch twin is kernels/paged_attention_reference.py.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

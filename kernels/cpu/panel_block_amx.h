@@ -8,7 +8,7 @@
 // of ldo; bias: 32 float per panel or null.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

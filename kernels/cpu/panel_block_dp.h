@@ -14,7 +14,7 @@
 // columns at out + 32 i; bias: 32 float per panel or null.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <cstring>

@@ -9,7 +9,7 @@
 //
 // Shapes: x [rows, n] float32 or bf16 (rows contiguous) -> [rows] int64.
 // The plain twin is worker/sample/sampler.py's row_argmax fallback.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -4,7 +4,7 @@
 // shuffles do not (see below), so those have AVX2 forms on 8-lane halves.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
