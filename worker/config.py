@@ -121,9 +121,9 @@ class CacheConfig:
             "help": "KV cache dtype. auto: the model dtype, except that a bf16/fp16 checkpoint "
             "run in float32 on a CPU without native bf16 (--dtype auto) keeps its K/V in the "
             "checkpoint's dtype, as it keeps its linear weights (half the bytes decode attention "
-            "reads), on the cpu and torch backends; bfloat16 / float16: that, under a float32 model on the cpu and torch "
-            "backends (or the model's own dtype); float32: the model's when it is float32; "
-            "fp8 (= fp8_e4m3): e4m3 with a "
+            "reads), on the cpu and torch backends; bfloat16 / float16: that, under a "
+            "float32 model on the cpu and torch backends (or the model's own dtype); "
+            "float32: the model's when it is float32; fp8 (= fp8_e4m3): e4m3 with a "
             "per-tensor scale per layer (the checkpoint's k_scale / v_scale, else 1.0 as "
             "in vLLM), values saturating at +-448: half a bf16 cache's bytes per token, on "
             "every attention backend.",
