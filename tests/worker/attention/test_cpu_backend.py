@@ -105,6 +105,17 @@ def test_shared_leading_blocks_counts_equal_columns_from_the_left():
     assert shared_leading_blocks(torch.tensor([[1, 2], [3, 2]], dtype=torch.int32)) == 0
 
 
+@pytest.mark.parametrize("shared", [0, 1, 7, 8, 9, 63, 64, 65, 511, 700])
+def test_shared_leading_blocks_past_the_first_windows(shared):
+    # 700 columns: runs that end inside, and at the edge of, the 1/8/64/512-column
+    # windows the search widens through, and a run over the whole width.
+    tables = torch.arange(3 * 700, dtype=torch.int32).reshape(3, 700)
+    tables[:, :shared] = torch.arange(shared, dtype=torch.int32)
+    tables[1:, shared + 1 :] = tables[0, shared + 1 :]  # equal again after the break
+    assert shared_leading_blocks(tables) == shared
+    assert shared_leading_blocks(tables[:, :shared]) == shared
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_decode_rows_sharing_a_prefix_run_as_a_cascade(dtype):
     """10 decode sequences over one cached 160-token prefix, and a prefill in the

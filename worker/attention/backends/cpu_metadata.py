@@ -21,9 +21,24 @@ _NO_RANGES = torch.zeros(0, 2, dtype=torch.int64)  # a step without prefill rows
 
 def shared_leading_blocks(block_tables: torch.Tensor) -> int:
     """How many leading columns of block_tables [num_seqs, max_num_blocks] hold the
-    same block in every row (padding included: callers cap by sequence length)."""
-    same = (block_tables == block_tables[:1]).all(dim=0)
-    return int(same.int().cumprod(0).sum())
+    same block in every row (padding included: callers cap by sequence length).
+
+    Compared over a window of columns that grows 8x until a column differs: the
+    shared run is short next to the table (max_model_len / block_size columns,
+    1024 at SmolLM2's 8192 and blocks of 8). Comparing all of it with torch ops
+    took 125-139 us of every step of 8+ decode sequences on a Zen 4 (`decode`
+    and `mixed`, timed in the engine), this 38-40."""
+    table = block_tables.numpy()
+    width = table.shape[1]
+    span = 1
+    while True:
+        span = min(span, width)
+        same = (table[:, :span] == table[:1, :span]).all(axis=0)
+        if not same.all():
+            return int(same.argmin())
+        if span == width:
+            return width
+        span *= 8
 
 
 def cascade_prefix_len(metadata: CPUAttentionMetadata, block_size: int) -> int:
