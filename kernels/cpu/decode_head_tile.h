@@ -6,11 +6,13 @@
 // 16). Walking every KV head per token instead kept all heads' accumulators in
 // memory, a load and a store per FMA: on a Zen 5, 32 sequences of 32-160 tokens,
 // 9/3 heads of 64, KV in cache, 73 us per layer. Each KV head reads its own 128
-// bytes of every token row, so K and V still stream once per step in all.
+// bytes of every token row, so K and V still stream once per step in all; with
+// bf16 pairs the keys of all heads are scored first in walks of whole row
+// slices (pair_dot_key_rows), which read DRAM faster than three strided walks.
 //
 // q . k in float32, scores summed 16 tokens at a time by sum16 — or, over bf16 K
 // with AVX512-BF16, in bf16 pairs two tokens to a vector, 32 at a time by two
-// sum16_pairs (pair_dot_keys); out = sum_t p_t v_t in token order — over bf16 V
+// sum16_pairs (pair_dot_key_rows); out = sum_t p_t v_t in token order — over bf16 V
 // with AVX512-BF16, two tokens at a time with p rounded to bf16 (pair_dot_values).
 #pragma once
 
@@ -182,76 +184,6 @@ inline void probs_to_bf16_pairs(float* p, int64_t span) {
   std::memcpy(out + j, &halves, (span - j + 1) * sizeof(uint16_t));
 }
 
-// Pass 1 of attend_head_tile with bf16 K on AVX512-BF16: scores[i, t] = scale *
-// q_i . k_t, two tokens per vector. Each 16-dimension chunk of rows t and t + 1
-// goes side by side into one register (a 256-bit load and an insert) against
-// that chunk of q_i in both halves, so one vdpbf16ps chain per head leaves t's
-// partial sums in lanes 0-7 and t + 1's in 8-15: the first level of the 16-token
-// transposing reduction is done by the products, and 32 tokens take two
-// sum16_pairs (7 shuffle-adds each) where one token a vector took two sum16
-// (15 each), with half the vectors stored and reloaded between.
-template <int kChunks, int kG, typename scalar_t>
-inline void pair_dot_keys(const scalar_t* q, const scalar_t* k_base, const SeqLayout& s, int64_t col, int64_t span,
-                          float scale, float* scores) {
-  constexpr int kDim = kChunks * kLanes;
-  __m512bh qq[kG][kChunks];
-  for (int i = 0; i < kG; ++i)
-    for (int c = 0; c < kChunks; ++c)
-      qq[i][c] = (__m512bh)_mm512_broadcast_i64x4(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kDim + c * kLanes)));
-  vec16 dots[kG][kLanes];  // per head, up to 16 token pairs
-  int64_t pending = 0, done = 0;  // pairs in dots; tokens already scored
-  auto flush = [&] {
-    // Whole only when every one of the 32 is a token (an odd span's last pair has
-    // the zero row, past the head's scores).
-    const bool whole = pending == kLanes && done + 2 * kLanes <= span;
-    for (int i = 0; i < kG; ++i) {
-      float* out = scores + i * span + done;
-      if (whole) {
-        for (int h = 0; h < 2; ++h) {
-          const vec16 r = sum16_pairs(dots[i] + 8 * h) * scale;
-          std::memcpy(out + 16 * h, &r, sizeof(r));
-        }
-        continue;
-      }
-      for (int64_t j = 0; j < 2 * pending && done + j < span; ++j) {
-        float total = 0.f;
-        for (int l = 0; l < 8; ++l) total += dots[i][j / 2][j % 2 * 8 + l];
-        out[j] = total * scale;
-      }
-    }
-    done += 2 * pending;
-    pending = 0;
-  };
-  auto pair = [&](const scalar_t* a, const scalar_t* b) {
-    __m512bh y[kChunks];
-    for (int c = 0; c < kChunks; ++c)
-      y[c] = (__m512bh)_mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c * kLanes))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c * kLanes)), 1);
-    for (int i = 0; i < kG; ++i) {
-      __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), qq[i][0], y[0]);
-      for (int c = 1; c < kChunks; ++c) d = _mm512_dpbf16_ps(d, qq[i][c], y[c]);
-      dots[i][pending] = reinterpret_cast<vec16>(d);
-    }
-    if (++pending == kLanes) flush();
-  };
-  const scalar_t* held = nullptr;
-  for_each_token<kHeadPrefetchBlocks>(k_base, s, col, kDim, [&](const scalar_t* k, int64_t) {
-    if (held == nullptr) {
-      held = k;
-      return;
-    }
-    pair(held, k);
-    held = nullptr;
-  });
-  if (held != nullptr) {  // an odd span: the last token against a zero row
-    alignas(64) const scalar_t zero[kDim] = {};
-    pair(held, zero);
-  }
-  if (pending > 0) flush();
-}
-
 // Pass 2 of attend_head_tile with bf16 V on AVX512-BF16: acc[i] = sum_t p[i, t] v_t
 // two tokens per vdpbf16ps, rows t and t + 1 interleaved (vpunpck{l,h}wd, within
 // each 128-bit lane) against (p_t, p_t+1) rounded to bf16 — as the prefill's
@@ -309,7 +241,104 @@ inline void pair_dot_values(const scalar_t* v_base, const SeqLayout& s, int64_t 
           reinterpret_cast<vec16>(_mm512_permutex2var_ps(pacc[i][2 * h], idx_second, pacc[i][2 * h + 1]));
     }
 }
+
+// Pass 1 of attend_head_tile with bf16 K on AVX512-BF16, for the query heads of
+// KV heads [h0, h1) at once: scores[i, t] = scale * q_i . k_t, two tokens per
+// vector. Each 16-dimension chunk of rows t and t + 1 goes side by side into one
+// register (a 256-bit load and an insert) against that chunk of q_i in both
+// halves, so one vdpbf16ps chain per head leaves t's partial sums in lanes 0-7
+// and t + 1's in 8-15: the first level of the 16-token transposing reduction is
+// done by the products, and 32 tokens take two sum16_pairs (7 shuffle-adds each)
+// where one token a vector took two sum16 (15 each).
+// The keys are walked once for all those heads, each token row's slice read
+// whole and in address order: a walk per KV head read 128 of every 384 bytes
+// (SmolLM2's 3 KV heads of 64) three times over. The same walk asks for the V
+// rows' slices (into L2) that the tiles' pass 2 reads later, head by head. On a
+// Zen 4, 30 layers with K/V in DRAM (bench/decode_attention_ab.py, 16 / 32 / 64
+// sequences of the `mixed` step): the keys this way 0.83 / 0.91 / 0.86x the time
+// of a walk per KV head, and asking for V here 0.94 / 0.94 / 0.96x that again;
+// without the tiles' own V prefetches after it, 1.12-1.21x (V is not all in L2
+// by then). The values walked the same way, their 9 x 4 accumulators in memory
+// (more than the registers), ran 1.27x the tiles' time with the KV in cache and
+// 0.98-1.02x from DRAM, so pass 2 stays per tile. qq and dots ([heads][kChunks]
+// queries, [heads][16] pending token pairs) live in `work`, sized by
+// key_rows_heads to stay in L1.
+template <int kChunks, typename scalar_t>
+inline void pair_dot_key_rows(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
+                              const SeqLayout& s, int h0, int h1, int group, int64_t span, float scale,
+                              float* scores, std::vector<vec16>& work) {
+  constexpr int kDim = kChunks * kLanes;
+  const int heads = (h1 - h0) * group, first_head = h0 * group;
+  work.resize(static_cast<size_t>(heads) * (kChunks + kLanes));
+  __m512bh* qq = reinterpret_cast<__m512bh*>(work.data());
+  vec16* dots = work.data() + static_cast<size_t>(heads) * kChunks;
+  for (int i = 0; i < heads; ++i)
+    for (int c = 0; c < kChunks; ++c)
+      qq[i * kChunks + c] = (__m512bh)_mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_row + (first_head + i) * kDim + c * kLanes)));
+  int64_t pending = 0, done = 0;
+  auto flush = [&] {
+    const bool whole = pending == kLanes && done + 2 * kLanes <= span;
+    for (int i = 0; i < heads; ++i) {
+      const vec16* d = dots + i * kLanes;
+      float* out = scores + (first_head + i) * span + done;
+      if (whole) {
+        for (int h = 0; h < 2; ++h) {
+          const vec16 r = sum16_pairs(d + 8 * h) * scale;
+          std::memcpy(out + 16 * h, &r, sizeof(r));
+        }
+        continue;
+      }
+      for (int64_t j = 0; j < 2 * pending && done + j < span; ++j) {
+        float total = 0.f;
+        for (int l = 0; l < 8; ++l) total += d[j / 2][j % 2 * 8 + l];
+        out[j] = total * scale;
+      }
+    }
+    done += 2 * pending;
+    pending = 0;
+  };
+  // a, b: rows t and t + 1 from KV head h0's slice on.
+  auto pair = [&](const scalar_t* a, const scalar_t* b) {
+    for (int h = 0; h < h1 - h0; ++h) {
+      __m512bh y[kChunks];
+      for (int c = 0; c < kChunks; ++c)
+        y[c] = (__m512bh)_mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + h * kDim + c * kLanes))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * kDim + c * kLanes)), 1);
+      for (int g = 0; g < group; ++g) {
+        const int i = h * group + g;
+        __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), qq[i * kChunks], y[0]);
+        for (int c = 1; c < kChunks; ++c) d = _mm512_dpbf16_ps(d, qq[i * kChunks + c], y[c]);
+        dots[i * kLanes + pending] = reinterpret_cast<vec16>(d);
+      }
+    }
+    if (++pending == kLanes) flush();
+  };
+  const int64_t width = (h1 - h0) * kDim;
+  const scalar_t* held = nullptr;
+  const std::ptrdiff_t to_v = v_base - k_base;
+  for_each_token<kHeadPrefetchBlocks>(k_base, s, h0 * kDim, width, [&](const scalar_t* k, int64_t) {
+    prefetch_row(k + to_v, width);
+    if (held == nullptr) {
+      held = k;
+      return;
+    }
+    pair(held, k);
+    held = nullptr;
+  });
+  if (held != nullptr) {  // an odd span: the last token against a zero row
+    static thread_local std::vector<scalar_t> zero;
+    zero.assign(width, scalar_t(0.f));
+    pair(held, zero.data());
+  }
+  if (pending > 0) flush();
+}
 #endif
+
+// Whether a head's dots go in bf16 pairs (pair_dot_key_rows / pair_dot_values).
+template <typename scalar_t, int kChunks>
+constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
 
 // Query heads head0 .. head0 + kG - 1 (all of KV head h) of one sequence.
 // q_row/o_row: the sequence's [num_heads, head_dim] rows; scores: kG x span floats.
@@ -320,17 +349,12 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
                       int h, int head0, int group, float scale, const Prefix& prefix, float* scores,
                       out_t* o_row, float* lse_row) {
   constexpr int kDim = kChunks * kLanes;
-  constexpr bool kPairDots = kBf16Dot && std::is_same_v<scalar_t, at::BFloat16> && kChunks % 2 == 0;
+  constexpr bool kPairs = kPairDots<scalar_t, kChunks>;
   const int64_t span = s.len - s.first, col = h * kDim;
 
-  // Pass 1: scores[i, t] = q_i . k_t (scaled).
-  if constexpr (kPairDots) {
-#ifdef __AVX512BF16__
-    // In bf16 pairs straight from the rows (exact products, float32 sums), the
-    // scale after.
-    pair_dot_keys<kChunks, kG>(q_row + head0 * kDim, k_base, s, col, span, scale, scores);
-#endif
-  } else {
+  // Pass 1: scores[i, t] = q_i . k_t (scaled); with bf16 pairs pair_dot_key_rows
+  // scored every head's keys before the tiles.
+  if constexpr (!kPairs) {
     // Dot vectors of 16 tokens collect in `dots`; one transposing reduction
     // (sum16) turns them into 16 scores.
     vec16 q[kG][kChunks];
@@ -368,7 +392,7 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
 
   // Pass 2: out_i = sum_t p[i, t] v_t, accumulated in registers.
   vec16 acc[kG][kChunks] = {};
-  if constexpr (kPairDots) {
+  if constexpr (kPairs) {
 #ifdef __AVX512BF16__
     pair_dot_values<kChunks, kG>(v_base, s, col, span, scores, acc);
 #endif
@@ -392,28 +416,56 @@ void attend_head_tile(const scalar_t* q_row, const scalar_t* k_base, const scala
 template <int kChunks>
 constexpr int kMaxTile = std::max(1, std::min(4, 16 / kChunks));
 
-// Token rows decode_sequence_by_head walks per token: K and V, per tile.
+// KV heads one pair_dot_key_rows walk covers: their queries and pending dots
+// within 16 KB, half an L1 (SmolLM2's 3 KV heads of 3 x 64: all, 11.5 KB).
 template <int kChunks>
-constexpr int64_t head_tile_passes(int num_kv_heads, int group) {
-  return 2 * num_kv_heads * ((group + kMaxTile<kChunks> - 1) / kMaxTile<kChunks>);
+constexpr int key_rows_heads(int num_kv_heads, int group) {
+  const int per_kv_head = group * (kChunks + kLanes) * static_cast<int>(sizeof(vec16));
+  return std::max(1, std::min(num_kv_heads, 16 * 1024 / per_kv_head));
 }
 
-// Every query head of one sequence, KV head by KV head, tiles of up to kMaxTile.
+// Walks over a sequence's token rows decode_sequence_by_head makes, K and V
+// together: the readahead of the next sequence is spread over them.
+template <typename scalar_t, int kChunks>
+constexpr int64_t head_tile_passes(int num_kv_heads, int group) {
+  const int tiles = num_kv_heads * ((group + kMaxTile<kChunks> - 1) / kMaxTile<kChunks>);
+  if constexpr (kPairDots<scalar_t, kChunks>) {
+    const int per_walk = key_rows_heads<kChunks>(num_kv_heads, group);
+    return tiles + (num_kv_heads + per_walk - 1) / per_walk;
+  }
+  return 2 * tiles;
+}
+
+// Every query head of one sequence, KV head by KV head, tiles of up to kMaxTile;
+// with bf16 pairs, the keys of all heads first in whole-row walks.
 template <typename scalar_t, int kChunks, typename out_t>
 void decode_sequence_by_head(const scalar_t* q_row, const scalar_t* k_base, const scalar_t* v_base,
                              const SeqLayout& s, int num_kv_heads, int group, float scale, const Prefix& prefix,
-                             std::vector<float>& scores, out_t* o_row, float* lse_row) {
+                             std::vector<float>& scores, std::vector<vec16>& work, out_t* o_row, float* lse_row) {
   constexpr int kTile = kMaxTile<kChunks>;
-  scores.resize(static_cast<size_t>(kTile) * (s.len - s.first));
+  const int64_t span = s.len - s.first;
+  constexpr bool kPairs = kPairDots<scalar_t, kChunks>;
+  if constexpr (kPairs) {
+#ifdef __AVX512BF16__
+    scores.resize(static_cast<size_t>(num_kv_heads) * group * span);
+    const int per_walk = key_rows_heads<kChunks>(num_kv_heads, group);
+    for (int h0 = 0; h0 < num_kv_heads; h0 += per_walk)
+      pair_dot_key_rows<kChunks>(q_row, k_base, v_base, s, h0, std::min(num_kv_heads, h0 + per_walk), group,
+                                 span, scale, scores.data(), work);
+#endif
+  } else {
+    scores.resize(static_cast<size_t>(kTile) * span);
+  }
   for (int h = 0; h < num_kv_heads; ++h)
     for (int g = 0; g < group;) {
       const int n = std::min(kTile, group - g), head0 = h * group + g;
+      float* tile_scores = scores.data() + (kPairs ? head0 * span : 0);
       switch (n) {
 #define PAGODA_TILE(r)                                                                                        \
   case r:                                                                                                     \
     if constexpr (r <= kTile)                                                                                 \
       attend_head_tile<scalar_t, kChunks, r>(q_row, k_base, v_base, s, h, head0, group, scale, prefix,        \
-                                             scores.data(), o_row, lse_row);                                  \
+                                             tile_scores, o_row, lse_row);                                    \
     break;
         PAGODA_TILE(1) PAGODA_TILE(2) PAGODA_TILE(3) PAGODA_TILE(4)
 #undef PAGODA_TILE

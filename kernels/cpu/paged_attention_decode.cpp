@@ -332,7 +332,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
                                    scores, work, o, lse);
     else if constexpr (std::is_same_v<scalar_t, cache_t>)
       decode_sequence_by_head<scalar_t, kChunks>(q, k_ptr, v_ptr, layout, num_kv_heads, group,
-                                                 static_cast<float>(scale), prefix, scores, o, lse);
+                                                 static_cast<float>(scale), prefix, scores, work, o, lse);
   };
 
   // Long sequences in parts (decode_parts); a cascade has many sequences and never splits.
@@ -384,7 +384,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(cache_t));
   const int64_t block_bytes = block_size * row_bytes;
   // Token rows of K and V one sequence's walk reads per token.
-  const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<kChunks>(num_kv_heads, group);
+  const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<scalar_t, kChunks>(num_kv_heads, group);
   // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
   // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
   const int64_t threads = std::min<int64_t>(num_seqs, at::get_num_threads());

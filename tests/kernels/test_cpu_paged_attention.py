@@ -26,6 +26,9 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no C++ toolchain to bui
         (10, 2, 64, torch.float16, None),  # 4 + 1, no pair dots
         (12, 2, 32, torch.bfloat16, None),  # 4 + 2
         (4, 4, 16, torch.bfloat16, None),  # odd chunk count: no pair dots
+        # Pair dots score the keys in walks of whole row slices, as many KV heads
+        # at once as fit 16 KB of queries and pending dots: here 2 of 8, 4 walks.
+        (32, 8, 128, torch.bfloat16, None),
     ],
 )
 # 6 sequences, and 24: from 4 per thread (2 threads here) each thread reads the KV
