@@ -383,7 +383,7 @@ void decode_kernel(const torch::Tensor& query, const torch::Tensor& key_cache,
   auto attended_from = [&](int64_t len) { return ::attended_from(len, sliding_window, prefix_len); };
   const int64_t row_bytes = num_kv_heads * head_dim * static_cast<int64_t>(sizeof(cache_t));
   const int64_t block_bytes = block_size * row_bytes;
-  // Token rows of K and V one sequence's walk reads per token.
+  // Walks over a sequence's token rows, K's and V's (the read-ahead is spread over them).
   const int64_t passes = std::is_same_v<scalar_t, float> ? 2 : head_tile_passes<scalar_t, kChunks>(num_kv_heads, group);
   // Reading ahead paid from 4 sequences per thread (Zen 4, KV in DRAM: 8 x 32-160
   // tokens 0.87x, 64 x 16-384 0.82x) and cost at 2 (4 x 100-300: 1.08-1.34x).
