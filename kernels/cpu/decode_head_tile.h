@@ -317,9 +317,8 @@ inline void pair_dot_key_rows(const scalar_t* q_row, const scalar_t* k_base, con
   };
   const int64_t width = (h1 - h0) * kDim;
   const scalar_t* held = nullptr;
-  const std::ptrdiff_t to_v = v_base - k_base;
   for_each_token<kHeadPrefetchBlocks>(k_base, s, h0 * kDim, width, [&](const scalar_t* k, int64_t) {
-    prefetch_row(k + to_v, width);
+    prefetch_row(v_base + (k - k_base), width);  // V's row: the same offset in its cache
     if (held == nullptr) {
       held = k;
       return;
