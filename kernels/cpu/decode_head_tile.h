@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -276,8 +277,10 @@ inline void pair_dot_key_rows(const scalar_t* q_row, const scalar_t* k_base, con
     for (int c = 0; c < kChunks; ++c)
       qq[i * kChunks + c] = (__m512bh)_mm512_broadcast_i64x4(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_row + (first_head + i) * kDim + c * kLanes)));
-  int64_t pending = 0, done = 0;
+  int64_t pending = 0, done = 0;  // pairs in dots; tokens already scored
   auto flush = [&] {
+    // Whole only when every one of the 32 is a token (an odd span's last pair has
+    // the zero row, past the head's scores).
     const bool whole = pending == kLanes && done + 2 * kLanes <= span;
     for (int i = 0; i < heads; ++i) {
       const vec16* d = dots + i * kLanes;
@@ -298,14 +301,18 @@ inline void pair_dot_key_rows(const scalar_t* q_row, const scalar_t* k_base, con
     done += 2 * pending;
     pending = 0;
   };
-  // a, b: rows t and t + 1 from KV head h0's slice on.
-  auto pair = [&](const scalar_t* a, const scalar_t* b) {
+  // a, b: rows t and t + 1 from KV head h0's slice on; b nullptr: an odd span's
+  // last token, against a zero row. Exact products, float32 sums, the scale after.
+  auto pair = [&](const scalar_t* a, auto b) {
     for (int h = 0; h < h1 - h0; ++h) {
       __m512bh y[kChunks];
-      for (int c = 0; c < kChunks; ++c)
-        y[c] = (__m512bh)_mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + h * kDim + c * kLanes))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * kDim + c * kLanes)), 1);
+      for (int c = 0; c < kChunks; ++c) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + h * kDim + c * kLanes));
+        __m256i hi = _mm256_setzero_si256();
+        if constexpr (!std::is_same_v<decltype(b), std::nullptr_t>)
+          hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * kDim + c * kLanes));
+        y[c] = (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
       for (int g = 0; g < group; ++g) {
         const int i = h * group + g;
         __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), qq[i * kChunks], y[0]);
@@ -326,11 +333,7 @@ inline void pair_dot_key_rows(const scalar_t* q_row, const scalar_t* k_base, con
     pair(held, k);
     held = nullptr;
   });
-  if (held != nullptr) {  // an odd span: the last token against a zero row
-    static thread_local std::vector<scalar_t> zero;
-    zero.assign(width, scalar_t(0.f));
-    pair(held, zero.data());
-  }
+  if (held != nullptr) pair(held, nullptr);
   if (pending > 0) flush();
 }
 #endif
