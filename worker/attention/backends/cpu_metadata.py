@@ -30,15 +30,14 @@ def shared_leading_blocks(block_tables: torch.Tensor) -> int:
     and `mixed`, timed in the engine), this 38-40."""
     table = block_tables.numpy()
     width = table.shape[1]
-    span = 1
-    while True:
-        span = min(span, width)
-        same = (table[:, :span] == table[:1, :span]).all(axis=0)
+    start, end = 0, 1
+    while start < width:  # columns [0, start) are equal in every row
+        end = min(end, width)
+        same = (table[:, start:end] == table[:1, start:end]).all(axis=0)
         if not same.all():
-            return int(same.argmin())
-        if span == width:
-            return width
-        span *= 8
+            return start + int(same.argmin())
+        start, end = end, end * 8
+    return width
 
 
 def cascade_prefix_len(metadata: CPUAttentionMetadata, block_size: int) -> int:
