@@ -63,6 +63,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # Delivery, not sampling (vLLM keeps it in its SamplingParams too): tokens per
+    # streamed response, raising the worker's --stream-interval (worker/service/stream_hold.py).
+    stream_interval: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidRequestError:
@@ -88,6 +91,10 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise bad(name, f"must be in [0, {MAX_LOGPROBS}]")
+        if self.stream_interval is not None and (
+            not isinstance(self.stream_interval, int) or self.stream_interval < 1
+        ):
+            raise bad("stream_interval", "must be an integer >= 1")
         for token, bias in self.logit_bias.items():
             if not (math.isfinite(bias) and -100 <= bias <= 100):
                 raise InvalidRequestError(

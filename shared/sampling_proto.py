@@ -27,7 +27,7 @@ ROUTER_FIELDS = (
 _OPTIONAL = (
     "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "max_tokens", "min_tokens", "ignore_eos",
-    "logprobs", "prompt_logprobs",
+    "logprobs", "prompt_logprobs", "stream_interval",
 )  # fmt: skip
 
 

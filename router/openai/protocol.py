@@ -59,6 +59,7 @@ class SamplingFields(_Body):
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False
+    stream_interval: int | None = None  # tokens per streamed chunk (the worker holds them)
     # Output constraints (router/openai/structured_outputs.py); at most one.
     response_format: dict[str, Any] | None = None
     structured_outputs: Any = None

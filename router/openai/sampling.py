@@ -36,7 +36,7 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
 # Set on the message only when the client set them (None = unset).
 _OPTIONAL = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "truncate_prompt_tokens",
+    "repetition_penalty", "truncate_prompt_tokens", "stream_interval",
 )  # fmt: skip
 # Plain values the request always has (pydantic defaults = the engine's).
 _ALWAYS = (

@@ -54,6 +54,7 @@ def test_serve_needs_only_a_model(monkeypatch):
 def test_workers_get_the_engine_flags_serve_was_given():
     argv = ["m", "--block-size=8", "--no-enable-prefix-caching", "--max-num-seqs=3"]
     argv += ["--kv-cache-memory=1GiB", "--served-model-name=x", "--heartbeat-ttl=3"]
+    argv += ["--stream-interval=4"]
     args = subparser(["serve"]).parse_args(argv)
     engine = EngineConfig.from_cli_args(args)
     service = dataclass_from_args(WorkerServiceConfig, args)
@@ -61,7 +62,8 @@ def test_workers_get_the_engine_flags_serve_was_given():
     child_engine = EngineConfig.from_cli_args(child)
     # Everything arrives as given (cores are per child: WorkerChildren adds them).
     assert child_engine == engine
-    assert dataclass_from_args(WorkerServiceConfig, child).heartbeat_ttl == 3
+    child_service = dataclass_from_args(WorkerServiceConfig, child)
+    assert (child_service.heartbeat_ttl, child_service.stream_interval) == (3, 4)
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,34 @@ def test_min_tokens_holds_stop_strings_back_until_reached(served):
     assert held.choices[0].text.startswith(text[:5])
 
 
+def streamed(stream) -> tuple[str, int]:
+    """A completions stream's text and how many chunks carried some of it."""
+    pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
+    return "".join(pieces), len(pieces)
+
+
+def test_stream_interval_sends_the_same_text_in_fewer_chunks(served):
+    client = served.client()
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+    plain, held = {"ignore_eos": True}, {"ignore_eos": True, "stream_interval": 8}
+    every, every_chunks = streamed(client.completions.create(**ask, extra_body=plain))
+    text, chunks = streamed(client.completions.create(**ask, extra_body=held))
+    assert text == every
+    # 24 tokens: the first at once, then 8, 8 and the last 7 with the finish.
+    assert chunks <= 4 < every_chunks
+    # A stop string inside a held run still ends the text where it starts.
+    stop = every[6:9]
+    whole = client.completions.create(**{**ask, "stream": False}, stop=[stop], extra_body=plain)
+    cut, _ = streamed(client.completions.create(**ask, stop=[stop], extra_body=held))
+    assert cut == whole.choices[0].text == every[: every.index(stop)]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=12, temperature=0,
+        stream=True, extra_body={"ignore_eos": True, "stream_interval": 5},
+    )  # fmt: skip
+    # 12 tokens: 1, then 5, 5 and the last one.
+    assert sum(1 for c in chat if c.choices and c.choices[0].delta.content) <= 4
+
+
 @pytest.mark.parametrize(
     "endpoint, body, field",
     [
@@ -229,6 +257,7 @@ def test_min_tokens_holds_stop_strings_back_until_reached(served):
         ("completions", {"logit_bias": {"5": 101}}, "logit_bias"),
         ("completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ("completions", {"allowed_token_ids": [5, 10**6]}, "allowed_token_ids"),
+        ("chat", {"stream_interval": 0}, "stream_interval"),
     ],
 )
 def test_value_ranges_are_openais_on_both_endpoints(served, endpoint, body, field):

@@ -50,6 +50,15 @@ class WorkerServiceConfig:
             "0: any free port; default: none)."
         },
     )
+    stream_interval: int = field(
+        default=1,
+        metadata={
+            "help": "Tokens per streamed response: each stream's tokens are held until "
+            "this many are waiting (its first and last go out at once); fewer responses "
+            "cost the worker, router and client less CPU. A request's stream_interval "
+            "can raise it."
+        },
+    )
     parent_pid: int | None = field(
         default=None,
         metadata={
@@ -67,6 +76,8 @@ class WorkerServiceConfig:
             raise ConfigError(f"--heartbeat-ttl must be > 0, got {self.heartbeat_ttl}")
         if self.max_waiting < 1:
             raise ConfigError(f"--max-waiting must be >= 1, got {self.max_waiting}")
+        if self.stream_interval < 1:
+            raise ConfigError(f"--stream-interval must be >= 1, got {self.stream_interval}")
         if self.drain_timeout < 0:
             raise ConfigError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
         if not self.redis_prefix:

@@ -41,6 +41,7 @@ from worker.kv_cache.block_pool import KVCacheEvent
 from worker.outputs import RequestDelta
 from worker.service.load import LoadTracker, queued_prefill_tokens
 from worker.service.metrics import WorkerMetrics
+from worker.service.stream_hold import StreamHold
 
 logger = get_logger(__name__)
 
@@ -91,6 +92,7 @@ class EngineLoop:
         load: LoadTracker,
         max_waiting: int,
         on_kv_events: Callable[[Sequence[KVCacheEvent]], None] | None = None,
+        stream_interval: int = 1,
     ) -> None:
         self._build = build
         self.engine: LLMEngine | None = None
@@ -106,6 +108,7 @@ class EngineLoop:
         self._outbox: Batch = []
         # engine id -> samples not finished yet
         self._unfinished: dict[str, int] = {}
+        self._hold = StreamHold(stream_interval)
         self._stopping = False
         self._is_load_stale = False
         # Set when a failed step left the engine in a state it cannot vouch for.
@@ -200,6 +203,7 @@ class EngineLoop:
         elif isinstance(command, _Add):
             self._add(command)
         elif isinstance(command, _Abort):
+            self._hold.close(command.engine_id)
             if self._unfinished.pop(command.engine_id, None) is not None:
                 self.engine.abort_request(command.engine_id)
                 self._is_load_stale = True
@@ -240,6 +244,7 @@ class EngineLoop:
             self._outbox.append((command.engine_id, exc))
             return
         self._unfinished[command.engine_id] = command.params.n
+        self._hold.open(command.engine_id, command.params.stream_interval)
         if self.metrics is not None:
             self.metrics.added(command.engine_id, command.params.n)
 
@@ -261,7 +266,12 @@ class EngineLoop:
                     self._unfinished[delta.request_id] = left
                 else:
                     self._unfinished.pop(delta.request_id, None)
-        self._outbox.extend(by_request.items())
+        for engine_id, deltas in by_request.items():
+            ready = self._hold.offer(engine_id, deltas)
+            if ready is not None:
+                self._outbox.append((engine_id, ready))
+            if engine_id not in self._unfinished:
+                self._hold.close(engine_id)
         self._load.record_step(
             output.stats, num_output_tokens, queued_prefill_tokens(self.engine.core.scheduler)
         )
@@ -280,6 +290,7 @@ class EngineLoop:
             self.fatal_error = exc
             self.is_broken = self._is_fatal_unreported = True
             for engine_id in self._unfinished:
+                self._hold.close(engine_id)
                 self._outbox.append((engine_id, exc))
                 self.engine.abort_request(engine_id)  # the scheduler's side only
             self._unfinished.clear()
@@ -287,6 +298,7 @@ class EngineLoop:
         logger.exception("engine step failed; failing %d requests", len(self._unfinished))
         error = EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}")
         for engine_id in list(self._unfinished):
+            self._hold.close(engine_id)
             self._outbox.append((engine_id, error))
         try:
             for engine_id in list(self._unfinished):

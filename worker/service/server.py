@@ -135,6 +135,7 @@ class WorkerServer:
             self._deliver,
             self.load,
             self.config.max_waiting,
+            stream_interval=self.config.stream_interval,
         )
         self.engine_loop.start()  # builds the engine on its own thread (engine_loop.py)
         engine = await asyncio.wrap_future(self.engine_loop.ready)

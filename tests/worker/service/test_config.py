@@ -21,9 +21,13 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_flags_fill_both_configs(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "redis://example:6379/1")
-    args = parse("--port", "0", "--max-waiting", "3", "--drain-timeout", "2.5", "--block-size", "8")
+    args = parse(
+        "--port", "0", "--max-waiting", "3", "--drain-timeout", "2.5", "--block-size", "8",
+        "--stream-interval", "4",
+    )  # fmt: skip
     config = dataclass_from_args(WorkerServiceConfig, args)
     assert config.port == 0 and config.max_waiting == 3 and config.drain_timeout == 2.5
+    assert config.stream_interval == 4
     assert config.redis_url == "redis://example:6379/1"  # from the environment by default
     assert EngineConfig.from_cli_args(args).cache.block_size == 8
     args = parse("--redis-url", "redis://other:1/0", "--worker-id", "w7")
@@ -38,6 +42,7 @@ def test_flags_fill_both_configs(monkeypatch):
         ("heartbeat_ttl", 0, "--heartbeat-ttl"),
         ("max_waiting", 0, "--max-waiting"),
         ("drain_timeout", -1, "--drain-timeout"),
+        ("stream_interval", 0, "--stream-interval"),
         ("redis_prefix", "", "--redis-prefix"),
     ],
 )

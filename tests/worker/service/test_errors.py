@@ -43,6 +43,7 @@ CASES = [
     ("min-tokens-negative", request(OK_PROMPT, min_tokens=-1), "min_tokens"),
     ("logprobs-above-20", request(OK_PROMPT, logprobs=21), "logprobs"),
     ("prompt-logprobs-negative", request(OK_PROMPT, prompt_logprobs=-1), "prompt_logprobs"),
+    ("stream-interval-zero", request(OK_PROMPT, stream_interval=0), "stream_interval"),
     ("stop-token-outside-vocab", request(OK_PROMPT, stop_token_ids=[9999]), "stop_token_ids"),
     ("logit-bias-token", request(OK_PROMPT, logit_bias={600: 1.0}), "logit_bias"),
     ("logit-bias-value", request(OK_PROMPT, logit_bias={5: 101.0}), "logit_bias"),

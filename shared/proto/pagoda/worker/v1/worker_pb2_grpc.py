@@ -56,7 +56,8 @@ class WorkerServiceServicer:
 
     def Generate(self, request, context):
         """Streams one response per engine step in which the request produced
-        something. Cancelling the call (or its deadline expiring) aborts the
+        something (with a stream interval N > 1: the first tokens, then every N
+        tokens, then the last ones). Cancelling the call (or its deadline expiring) aborts the
         request in the engine and frees its KV blocks.
 
         Errors: INVALID_ARGUMENT (the message names the field), RESOURCE_EXHAUSTED
