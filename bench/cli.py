@@ -72,6 +72,13 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine", default=None, help="Label for the result line.")
     parser.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout, s.")
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="Tokens per streamed chunk, asked in every request (vLLM's stream_interval; "
+        "default: the server's own).",
+    )
     parser.add_argument("--output", default=None, help="Append the JSON line to this file.")
 
 

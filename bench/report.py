@@ -111,7 +111,14 @@ def serve_table(records: list[dict[str, Any]]) -> list[str]:
     if not serve:
         return []
     rows = _latest(
-        serve, lambda r: (r["workload"], r["engine"], r["concurrency"], r["request_rate"])
+        serve,
+        lambda r: (
+            r["workload"],
+            r["engine"],
+            r["concurrency"],
+            r["request_rate"],
+            r.get("stream_interval"),
+        ),
     )
     lines = [
         "### serving",
@@ -122,6 +129,8 @@ def serve_table(records: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows.values():
         load = f"c={r['concurrency']}" if r["concurrency"] else f"rate={r['request_rate']}/s"
+        if r.get("stream_interval"):
+            load += f", {r['stream_interval']} tokens a chunk"
         ttft, tpot = r["ttft_ms"], r["tpot_ms"]
         lines.append(
             f"| {r['workload']} | {r['engine']} | {load} "

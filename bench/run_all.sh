@@ -16,6 +16,9 @@
 #                   1.42x in two rounds after it), so the summary shows each
 #                   round's ratios and the targets take their median.
 #   VLLM_DTYPE      vLLM's dtype (default: the one Pagoda chose here).
+#   STREAM_INTERVAL the served passes ask both engines for this many tokens per
+#                   streamed chunk (vLLM's stream_interval field; default: none
+#                   asked, each server's default of 1).
 set -euo pipefail
 MODEL=${1:?usage: bench/run_all.sh MODEL_DIR OUT_DIR}
 OUT=${2:?usage: bench/run_all.sh MODEL_DIR OUT_DIR (a fresh folder)}
@@ -28,6 +31,7 @@ WORKLOADS=(mixed decode prefill shared-prefix chat)
 CONCURRENCY=(1 16 64)
 PAGODA=(python -m shared.cli)
 CUT=()
+INTERVAL=(${STREAM_INTERVAL:+--stream-interval "$STREAM_INTERVAL"})
 VLLM_FLAGS=()
 KV=()  # Pagoda's KV cache: its default (sized from free memory) unless QUICK
 if [[ $QUICK == 1 ]]; then
@@ -150,7 +154,7 @@ serve_pass() {  # serve_pass PORT ENGINE: warm-up, then each concurrency
   for c in "${CONCURRENCY[@]}"; do
     # A failed request is in the line (`failed`); the other passes still run.
     "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-mixed-c$c.json" \
-      --concurrency "$c" --engine "$2" --output "$OUT/serve.jsonl" ||
+      --concurrency "$c" --engine "$2" "${INTERVAL[@]}" --output "$OUT/serve.jsonl" ||
       echo "warning: $2 at concurrency $c had failed requests" >&2
   done
 }

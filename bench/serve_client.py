@@ -61,9 +61,14 @@ class LoadConfig:
 
 
 async def send_request(
-    session: aiohttp.ClientSession, url: str, model: str, request: BenchRequest
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    request: BenchRequest,
+    stream_interval: int | None = None,
 ) -> RequestRecord:
-    """One streaming completion, timed as `vllm bench serve` times it."""
+    """One streaming completion, timed as `vllm bench serve` times it. stream_interval:
+    the request's (vLLM's field; Pagoda's too), tokens per streamed chunk."""
     record = RequestRecord(len(request.prompt_token_ids), request.max_tokens)
     body = {
         "model": model,
@@ -74,6 +79,8 @@ async def send_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if stream_interval is not None:
+        body["stream_interval"] = stream_interval
     num_chunks = 0
     start = last = time.perf_counter()
     try:
@@ -129,7 +136,12 @@ def _predecessors(workload: Workload) -> list[int | None]:
 
 
 async def run_load(
-    session: aiohttp.ClientSession, url: str, model: str, workload: Workload, load: LoadConfig
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    workload: Workload,
+    load: LoadConfig,
+    stream_interval: int | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send every request of `workload`; returns their records and the duration."""
     arrivals = load.arrival_times(len(workload.requests))
@@ -145,7 +157,9 @@ async def run_load(
             if before[i] is not None:
                 await ended[before[i]].wait()
             async with slots:
-                records[i] = await send_request(session, url, model, workload.requests[i])
+                records[i] = await send_request(
+                    session, url, model, workload.requests[i], stream_interval
+                )
         finally:
             ended[i].set()
 
@@ -166,6 +180,7 @@ async def benchmark(
     model: str | None = None,
     api_key: str | None = None,
     timeout: float = 600.0,
+    stream_interval: int | None = None,
 ) -> dict:
     """Run `workload` against the server at `base_url`; the summary as a dict."""
     base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -182,7 +197,7 @@ async def benchmark(
     ) as session:
         model = model or await first_model(session, base_url)
         url = f"{base_url}/v1/completions"
-        records, duration = await run_load(session, url, model, workload, load)
+        records, duration = await run_load(session, url, model, workload, load, stream_interval)
     return {
         "kind": "serve",
         "base_url": base_url,
@@ -192,6 +207,7 @@ async def benchmark(
         "requests": len(workload.requests),
         "concurrency": load.concurrency,
         "request_rate": load.request_rate,
+        "stream_interval": stream_interval,
         **summarize(records, duration),
     }
 
@@ -204,7 +220,15 @@ def main(args: argparse.Namespace) -> int:
     workload = workloads[0]
     load = LoadConfig(args.concurrency, args.request_rate, args.seed)
     summary = asyncio.run(
-        benchmark(args.base_url, workload, load, args.model, args.api_key, args.timeout)
+        benchmark(
+            args.base_url,
+            workload,
+            load,
+            args.model,
+            args.api_key,
+            args.timeout,
+            args.stream_interval,
+        )
     )
     record = {"engine": args.engine or "server", **summary}
     emit({**record, "machine": describe_machine(with_torch=False)}, args.output)

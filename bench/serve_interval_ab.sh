@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Served `mixed` with every token streamed vs INTERVAL tokens a chunk, both engines:
+#   bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL (default 8)]
+# Per round: Pagoda's server (`pagoda serve MODEL`, its defaults), then vLLM's
+# (bench/vllm_reference.py --serve, when its venv exists); on each, a warm-up,
+# then at each concurrency (CONCURRENCY, default "1 16 64") run_all's `mixed`
+# requests asking 1 token a chunk and INTERVAL (the request's stream_interval,
+# vLLM's field, which both servers take), the order flipped every other round so
+# the host's drift does not favour one. ROUNDS (default 2); VLLM_DTYPE (default
+# bfloat16: set it to the dtype Pagoda chose where that is float32). Writes
+# OUT_DIR/serve.jsonl (bench serve lines, `stream_interval` in each) and
+# OUT_DIR/SUMMARY.md. Run it on a quiet machine.
+set -euo pipefail
+MODEL=${1:?usage: bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL]}
+OUT=${2:?usage: bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL]}
+INTERVAL=${3:-8}
+ROUNDS=${ROUNDS:-2}
+read -r -a CONCURRENCY <<<"${CONCURRENCY:-1 16 64}"
+VLLM_PY=${VLLM_PY:-/work/venvs/vllm/bin/python}
+PORT=${PORT:-8331}
+PAGODA=(python -m shared.cli)
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT/workloads"
+for c in "${CONCURRENCY[@]}"; do  # run_all's seeds: the same requests as its served passes
+  "${PAGODA[@]}" bench workload mixed --seed "$c" --out "$OUT/workloads/serve-mixed-c$c.json"
+done
+"${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --max-tokens 8 \
+  --out "$OUT/workloads/serve-warmup.json"
+
+SERVER_PID=
+stop_server() {
+  [[ -n $SERVER_PID ]] || return 0
+  kill -INT "$SERVER_PID" 2>/dev/null || true
+  for _ in $(seq 60); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+trap stop_server EXIT
+
+start_server() {  # start_server LOG CMD...: start, wait until /health says 200
+  local log=$1
+  shift
+  setsid "$@" >"$log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 900); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "error: no healthy server on port $PORT ($log)" >&2
+  exit 1
+}
+
+serve_pass() {  # serve_pass ENGINE ROUND
+  local url=http://127.0.0.1:$PORT order=(1 "$INTERVAL")
+  (($2 % 2 == 0)) && order=("$INTERVAL" 1)
+  "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-warmup.json" \
+    --concurrency 2 --engine warmup >/dev/null
+  for c in "${CONCURRENCY[@]}"; do
+    for interval in "${order[@]}"; do
+      "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-mixed-c$c.json" \
+        --concurrency "$c" --engine "$1" --stream-interval "$interval" \
+        --output "$OUT/serve.jsonl" || echo "warning: $1 c=$c interval $interval failed" >&2
+    done
+  done
+}
+
+for round in $(seq "$ROUNDS"); do
+  echo "== pagoda serve (round $round of $ROUNDS)" >&2
+  start_server "$OUT/serve.round$round.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT" \
+    --grpc-port 0
+  serve_pass pagoda "$round"
+  stop_server
+  if [[ -x $VLLM_PY ]]; then
+    echo "== vLLM serve (round $round of $ROUNDS)" >&2
+    start_server "$OUT/vllm_serve.round$round.log" "$VLLM_PY" bench/vllm_reference.py \
+      --model "$MODEL" --dtype "${VLLM_DTYPE:-bfloat16}" --port "$PORT" --serve
+    serve_pass vllm-cpu "$round"
+    stop_server
+  fi
+done
+"${PAGODA[@]}" bench summary "$OUT/serve.jsonl" >"$OUT/SUMMARY.md"
