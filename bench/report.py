@@ -130,7 +130,7 @@ def serve_table(records: list[dict[str, Any]]) -> list[str]:
     for r in rows.values():
         load = f"c={r['concurrency']}" if r["concurrency"] else f"rate={r['request_rate']}/s"
         if r.get("stream_interval"):
-            load += f", {r['stream_interval']} tokens a chunk"
+            load += f", stream_interval {r['stream_interval']}"
         ttft, tpot = r["ttft_ms"], r["tpot_ms"]
         lines.append(
             f"| {r['workload']} | {r['engine']} | {load} "

@@ -3,13 +3,16 @@
 #   bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL (default 8)]
 # Per round: Pagoda's server (`pagoda serve MODEL`, its defaults), then vLLM's
 # (bench/vllm_reference.py --serve, when its venv exists); on each, a warm-up,
-# then at each concurrency (CONCURRENCY, default "1 16 64") run_all's `mixed`
-# requests asking 1 token a chunk and INTERVAL (the request's stream_interval,
-# vLLM's field, which both servers take), the order flipped every other round so
-# the host's drift does not favour one. ROUNDS (default 2); VLLM_DTYPE (default
-# bfloat16: set it to the dtype Pagoda chose where that is float32). Writes
-# OUT_DIR/serve.jsonl (bench serve lines, `stream_interval` in each) and
-# OUT_DIR/SUMMARY.md. Run it on a quiet machine.
+# then at each concurrency (CONCURRENCY, default "1 16 64") `mixed` requests
+# asking 1 token a chunk and INTERVAL (the request's stream_interval, vLLM's
+# field, which both servers take). No pass may find another's prompts in the
+# prefix cache, so each interval gets its own requests on a server: run_all's
+# (seed c) and a second set (seed c + 1000), crossed over between rounds (round
+# 1: interval 1 on the first, INTERVAL on the second; round 2 the other way),
+# and the order of the two passes flipped too. ROUNDS (default 2, keep it even);
+# VLLM_DTYPE (default bfloat16: set it to the dtype Pagoda chose where that is
+# float32). Writes OUT_DIR/serve.jsonl (bench serve lines, `stream_interval` and
+# `seed` in each) and OUT_DIR/SUMMARY.md. Run it on a quiet machine.
 set -euo pipefail
 MODEL=${1:?usage: bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL]}
 OUT=${2:?usage: bench/serve_interval_ab.sh MODEL_DIR OUT_DIR [INTERVAL]}
@@ -21,8 +24,10 @@ PORT=${PORT:-8331}
 PAGODA=(python -m shared.cli)
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT/workloads"
-for c in "${CONCURRENCY[@]}"; do  # run_all's seeds: the same requests as its served passes
-  "${PAGODA[@]}" bench workload mixed --seed "$c" --out "$OUT/workloads/serve-mixed-c$c.json"
+for c in "${CONCURRENCY[@]}"; do
+  "${PAGODA[@]}" bench workload mixed --seed "$c" --out "$OUT/workloads/serve-mixed-c$c-a.json"
+  "${PAGODA[@]}" bench workload mixed --seed "$((c + 1000))" \
+    --out "$OUT/workloads/serve-mixed-c$c-b.json"
 done
 "${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --max-tokens 8 \
   --out "$OUT/workloads/serve-warmup.json"
@@ -56,15 +61,17 @@ start_server() {  # start_server LOG CMD...: start, wait until /health says 200
 }
 
 serve_pass() {  # serve_pass ENGINE ROUND
-  local url=http://127.0.0.1:$PORT order=(1 "$INTERVAL")
-  (($2 % 2 == 0)) && order=("$INTERVAL" 1)
+  local url=http://127.0.0.1:$PORT passes=("1 a" "$INTERVAL b")
+  (($2 % 2 == 0)) && passes=("$INTERVAL a" "1 b")
   "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-warmup.json" \
     --concurrency 2 --engine warmup >/dev/null
   for c in "${CONCURRENCY[@]}"; do
-    for interval in "${order[@]}"; do
-      "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-mixed-c$c.json" \
-        --concurrency "$c" --engine "$1" --stream-interval "$interval" \
-        --output "$OUT/serve.jsonl" || echo "warning: $1 c=$c interval $interval failed" >&2
+    for pass in "${passes[@]}"; do
+      read -r interval set <<<"$pass"
+      "${PAGODA[@]}" bench serve --base-url "$url" \
+        --workload "$OUT/workloads/serve-mixed-c$c-$set.json" --concurrency "$c" \
+        --engine "$1" --stream-interval "$interval" --output "$OUT/serve.jsonl" ||
+        echo "warning: $1 c=$c interval $interval failed" >&2
     done
   done
 }
