@@ -59,6 +59,28 @@ def test_complete_streams_what_http_returns(channel, served, tokenizer):
     assert finish[0] in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
 
 
+def test_stream_interval_batches_the_grpc_stream_too(channel):
+    stub = pb_grpc.RouterServiceStub(channel)
+
+    def complete(**extra) -> tuple[str, int, list[int]]:
+        params = pb.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **extra)
+        responses = list(
+            stub.Complete(
+                pb.CompleteRequest(model=MODEL, text=PROMPT, sampling_params=params),
+                metadata=AUTH,
+                timeout=60,
+            )
+        )
+        texts, ids, *_ = collect(responses)
+        return texts[0], sum(1 for r in responses for c in r.choices if c.token_ids), ids[0]
+
+    text, pieces, ids = complete()
+    held_text, held_pieces, held_ids = complete(stream_interval=6)
+    assert (held_text, held_ids) == (text, ids) and len(ids) == 16
+    # The first token, then 6, 6 and the last 3 with the finish.
+    assert held_pieces <= 4 < pieces
+
+
 def test_chat_with_token_ids_n_and_a_stop_string(channel):
     stub = pb_grpc.RouterServiceStub(channel)
     chat = pb.ChatRequest(
