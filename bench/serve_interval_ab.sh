@@ -32,33 +32,7 @@ done
 "${PAGODA[@]}" bench workload decode --seed 999 --num-requests 4 --max-tokens 8 \
   --out "$OUT/workloads/serve-warmup.json"
 
-SERVER_PID=
-stop_server() {
-  [[ -n $SERVER_PID ]] || return 0
-  kill -INT "$SERVER_PID" 2>/dev/null || true
-  for _ in $(seq 60); do
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 1
-  done
-  kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=
-}
-trap stop_server EXIT
-
-start_server() {  # start_server LOG CMD...: start, wait until /health says 200
-  local log=$1
-  shift
-  setsid "$@" >"$log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 900); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$log" >&2; exit 1; }
-    sleep 1
-  done
-  echo "error: no healthy server on port $PORT ($log)" >&2
-  exit 1
-}
+source bench/server_control.sh  # start_server PORT LOG CMD..., stop_server (cwd: the repo)
 
 serve_pass() {  # serve_pass ENGINE ROUND
   local url=http://127.0.0.1:$PORT passes=("1 a" "$INTERVAL b")
@@ -78,13 +52,13 @@ serve_pass() {  # serve_pass ENGINE ROUND
 
 for round in $(seq "$ROUNDS"); do
   echo "== pagoda serve (round $round of $ROUNDS)" >&2
-  start_server "$OUT/serve.round$round.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT" \
+  start_server "$PORT" "$OUT/serve.round$round.log" "${PAGODA[@]}" serve "$MODEL" --port "$PORT" \
     --grpc-port 0
   serve_pass pagoda "$round"
   stop_server
   if [[ -x $VLLM_PY ]]; then
     echo "== vLLM serve (round $round of $ROUNDS)" >&2
-    start_server "$OUT/vllm_serve.round$round.log" "$VLLM_PY" bench/vllm_reference.py \
+    start_server "$PORT" "$OUT/vllm_serve.round$round.log" "$VLLM_PY" bench/vllm_reference.py \
       --model "$MODEL" --dtype "${VLLM_DTYPE:-bfloat16}" --port "$PORT" --serve
     serve_pass vllm-cpu "$round"
     stop_server
