@@ -4,7 +4,7 @@ Each token a stream carries costs CPU outside the engine: the worker's event
 loop and gRPC write, the router's detokenizer, SSE chunk and socket write, the
 client's read. On a CPU host those run on the cores the model runs on, and
 every burst of them preempts a compute thread. With an interval of N the
-engine thread holds a request's deltas until N steps of tokens are waiting, so
+engine thread holds a request's deltas until N tokens (per sample) are waiting, so
 all of that runs once per N tokens; the request hub merges the held deltas into
 one response, which the router turns into one chunk.
 
@@ -27,7 +27,7 @@ from worker.outputs import RequestDelta
 class _Held:
     interval: int
     deltas: list[RequestDelta] = field(default_factory=list)
-    steps: int = 0  # steps of tokens in `deltas`
+    tokens: int = 0  # in `deltas`: per step, the most any one sample got
     sent_tokens: bool = False
 
 
@@ -55,13 +55,12 @@ class StreamHold:
         if held is None:
             return deltas
         held.deltas.extend(deltas)
-        # One step adds at most one token per sample today; the max keeps the count
-        # in tokens should a step ever add more.
-        held.steps += max((len(d.new_token_ids) for d in deltas), default=0)
+        # Counted per sample, not summed over samples: n samples advance together.
+        held.tokens += max((len(d.new_token_ids) for d in deltas), default=0)
         finished = any(d.finished for d in deltas)
-        if not (finished or not held.sent_tokens or held.steps >= held.interval):
+        if not (finished or not held.sent_tokens or held.tokens >= held.interval):
             return None
         out = held.deltas
-        held.deltas, held.steps = [], 0
+        held.deltas, held.tokens = [], 0
         held.sent_tokens = held.sent_tokens or any(d.new_token_ids for d in out)
         return out
