@@ -23,11 +23,14 @@ _WORKLOAD_HELP = f"{', '.join(WORKLOADS)}, all, or a workload JSON file."
 
 
 def _add_workload_args(
-    parser: argparse.ArgumentParser, allow_all: bool = True, many: bool = False
+    parser: argparse.ArgumentParser,
+    allow_all: bool = True,
+    many: bool = False,
+    required: bool = True,
 ) -> None:
     parser.add_argument(
         "--workload",
-        required=True,
+        required=required,
         nargs="+" if many else None,
         help=(_WORKLOAD_HELP if allow_all else _WORKLOAD_HELP[:-1])
         + (" One or more." if many else ""),
@@ -83,9 +86,17 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_roofline(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Checkpoint folder or Hub id.")
-    _add_workload_args(parser, many=True)
+    parser.add_argument(
+        "--model", default=None, help="Checkpoint folder or Hub id (not with --memory-only)."
+    )
+    _add_workload_args(parser, many=True, required=False)
     parser.add_argument("--result", default=None, help="Offline result JSONL to rate.")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="Only the memory bandwidth, as a `read_probe` line (run_all.sh takes one "
+        "next to each one-stream served pass).",
+    )
     parser.add_argument("--matmul-size", type=int, default=2048, help="Square matmul side.")
     parser.add_argument("--repeats", type=int, default=5, help="Best of this many timings.")
     parser.add_argument("--output", default=None, help="Append the JSON lines to this file.")

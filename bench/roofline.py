@@ -15,7 +15,8 @@ engine would reach if every FLOP of bench/model_flops.py ran at the matmul peak:
     bound = (prompt_tokens + output_tokens) / (workload FLOPs / peak FLOP/s)
 
 Given offline results (`--result FILE`), each line for the same workload is rated
-as a fraction of the float32 and bfloat16 bounds. A prefix cache skips work the
+as a fraction of the float32 and bfloat16 bounds. `--memory-only` measures the
+bandwidth alone, as a `read_probe` line (no model, no workload). A prefix cache skips work the
 count includes, so shared-prefix results can exceed their bound.
 """
 
@@ -141,6 +142,17 @@ def bound_record(flops: ModelFlops, workload: Workload, peaks: dict, results: li
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.memory_only:
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        record = {"kind": "read_probe", "memory_gb_s": memory_gb_s(args.repeats)}
+        emit({**record, "machine": describe_machine()}, args.output)
+        return 0
+    if args.model is None or args.workload is None:
+        raise SystemExit(
+            "pagoda bench roofline: --model and --workload are required (or --memory-only)"
+        )
     from worker.models.loader import resolve_model_path
     from worker.models.spec import ModelSpec
 

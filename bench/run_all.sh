@@ -119,6 +119,10 @@ serve_pass() {  # serve_pass PORT ENGINE: warm-up, then each concurrency
   "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-warmup.json" \
     --concurrency 2 --engine warmup >/dev/null || echo "warning: $2: warm-up failed" >&2
   for c in "${CONCURRENCY[@]}"; do
+    # The one-stream row's bound: the read bandwidth of this minute (bench/targets.py).
+    if [[ $c == 1 ]]; then
+      "${PAGODA[@]}" bench roofline --memory-only --output "$OUT/roofline.jsonl" >/dev/null
+    fi
     # A failed request is in the line (`failed`); the other passes still run.
     "${PAGODA[@]}" bench serve --base-url "$url" --workload "$OUT/workloads/serve-mixed-c$c.json" \
       --concurrency "$c" --engine "$2" "${INTERVAL[@]}" --output "$OUT/serve.jsonl" ||

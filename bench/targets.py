@@ -20,7 +20,10 @@ Three sections of `pagoda bench summary`, each empty when its lines are missing:
 * targets: one line each, measured value, goal, met or not.
 
 The roofline lines give the bounds; the last one read wins (run_all.sh measures
-the machine again at the end). Workload names cut by `--num-requests`
+the machine again at the end). The one-stream bound takes the median read of the
+`read_probe` lines instead where there are any: run_all.sh takes one right
+before each concurrency-1 served pass (a Zen 5's read moved 50-80 GB/s between
+the run's first and last roofline, 23 minutes apart). Workload names cut by `--num-requests`
 (`mixed[:6]`) count as their workload.
 """
 
@@ -146,8 +149,12 @@ def _weight_bytes(engine: str, records: list[dict]) -> int | None:
 
 def single_stream(records: list[dict]) -> list[dict[str, Any]]:
     """Per engine served at concurrency 1: its decode rate against its bound."""
+    probes = [r["memory_gb_s"]["read"] for r in records if r.get("kind") == "read_probe"]
     rooflines = [r for r in records if r.get("kind") == "roofline"]
-    read_gb_s = rooflines[-1].get("memory_gb_s", {}).get("read") if rooflines else None
+    if probes:
+        read_gb_s = statistics.median(probes)
+    else:
+        read_gb_s = rooflines[-1].get("memory_gb_s", {}).get("read") if rooflines else None
     rows = []
     for (engine, c), lines in _serve_lines(records).items():
         tpots = [r["tpot_ms"]["p50"] for r in lines if r["tpot_ms"]["p50"]]

@@ -89,6 +89,19 @@ def test_single_stream_bound_from_stored_bytes():
         200_000_000, 100.0, 0.5)  # fmt: skip
 
 
+def probe(read_gb_s):
+    return {"kind": "read_probe", "memory_gb_s": {"copy": 1.0, "read": read_gb_s}}
+
+
+def test_single_stream_bound_from_the_read_probes_median_when_there_are_any():
+    # Probes next to the c=1 passes (10, 25, 40 GB/s) win over the roofline's 20.
+    pagoda, vllm = single_stream([*LINES, probe(40.0), probe(10.0), probe(25.0)])
+    assert (pagoda["read_gb_s"], pagoda["bound_tokens_per_s"], pagoda["fraction"]) == (
+        25.0, 100.0, 0.8)  # fmt: skip
+    assert (vllm["read_gb_s"], vllm["bound_tokens_per_s"], vllm["fraction"]) == (
+        25.0, 125.0, 0.4)  # fmt: skip
+
+
 def test_fastest_dtype_and_nothing_to_report():
     assert fastest_dtype(roofline("mixed")) == "bfloat16"
     assert target_sections([offline("pagoda", "decode", 5.0)]) == []
