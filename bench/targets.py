@@ -67,14 +67,18 @@ def _rooflines(records: list[dict]) -> dict[str, dict]:
 
 
 def _serve_lines(records: list[dict]) -> dict[tuple[str, int], list[dict]]:
-    """(engine, concurrency) -> its `mixed` lines at a fixed concurrency, in file order."""
+    """(engine, concurrency) -> its `mixed` lines at a fixed concurrency, in file order.
+    Where lines ask for several stream intervals (bench/serve_interval_ab.sh), only
+    the smallest interval's count: a chunk per token unless every line asked more."""
+    lines = [
+        r
+        for r in records
+        if r.get("kind") == "serve" and r.get("concurrency") and base_name(r["workload"]) == "mixed"
+    ]
+    finest = min((r.get("stream_interval") or 1 for r in lines), default=1)
     rows: dict[tuple[str, int], list[dict]] = defaultdict(list)
-    for r in records:
-        if (
-            r.get("kind") == "serve"
-            and r.get("concurrency")
-            and base_name(r["workload"]) == "mixed"
-        ):
+    for r in lines:
+        if (r.get("stream_interval") or 1) == finest:
             rows[(r["engine"], r["concurrency"])].append(r)
     return rows
 

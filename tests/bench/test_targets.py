@@ -102,6 +102,14 @@ def test_single_stream_bound_from_the_read_probes_median_when_there_are_any():
         25.0, 125.0, 0.4)  # fmt: skip
 
 
+def test_only_the_finest_stream_interval_counts_when_lines_mix_them():
+    held = [{**line, "stream_interval": 8, "total_token_throughput": 1.0} for line in LINES
+            if line["kind"] == "serve"]  # fmt: skip
+    assert "\n".join(target_sections([*LINES, *held])) == EXPECTED
+    only_held = [line for line in LINES if line["kind"] != "serve"] + held
+    assert target_sections(only_held)[4] == "| c=1 | 1.0 | 1.0 | 1.00x | 80.0 | 90.0 | 0.89 |"
+
+
 def test_fastest_dtype_and_nothing_to_report():
     assert fastest_dtype(roofline("mixed")) == "bfloat16"
     assert target_sections([offline("pagoda", "decode", 5.0)]) == []
