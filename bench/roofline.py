@@ -15,9 +15,9 @@ engine would reach if every FLOP of bench/model_flops.py ran at the matmul peak:
     bound = (prompt_tokens + output_tokens) / (workload FLOPs / peak FLOP/s)
 
 Given offline results (`--result FILE`), each line for the same workload is rated
-as a fraction of the float32 and bfloat16 bounds. `--memory-only` measures the
-bandwidth alone, as a `read_probe` line (no model, no workload). A prefix cache skips work the
-count includes, so shared-prefix results can exceed their bound.
+as a fraction of the float32 and bfloat16 bounds. A prefix cache skips work the
+count includes, so shared-prefix results can exceed their bound. `--memory-only`
+measures the bandwidth alone, as a `read_probe` line (no model, no workload).
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ def memory_gb_s(repeats: int = 5, num_bytes: int = _MEMORY_BYTES) -> dict[str, f
 def measure_peaks(size: int, repeats: int) -> dict[str, dict[str, float]]:
     import torch
 
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     return {
         "matmul_gflops": {
             "float32": matmul_gflops(torch.float32, size, repeats),
@@ -142,10 +141,10 @@ def bound_record(flops: ModelFlops, workload: Workload, peaks: dict, results: li
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.memory_only:
-        import torch
+    import torch
 
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # every measurement uses them all
+    if args.memory_only:
         record = {"kind": "read_probe", "memory_gb_s": memory_gb_s(args.repeats)}
         emit({**record, "machine": describe_machine()}, args.output)
         return 0

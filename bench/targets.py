@@ -23,8 +23,8 @@ The roofline lines give the bounds; the last one read wins (run_all.sh measures
 the machine again at the end). The one-stream bound takes the median read of the
 `read_probe` lines instead where there are any: run_all.sh takes one right
 before each concurrency-1 served pass (a Zen 5's read moved 50-80 GB/s between
-the run's first and last roofline, 23 minutes apart). Workload names cut by `--num-requests`
-(`mixed[:6]`) count as their workload.
+the run's first and last roofline, 23 minutes apart). Workload names cut by
+`--num-requests` (`mixed[:6]`) count as their workload.
 """
 
 from __future__ import annotations
